@@ -1,0 +1,239 @@
+"""GPT-2 in one file, nanoGPT style.
+
+Module names match nanoGPT and Hugging Face's GPT-2 (transformer.wte, transformer.h[i].attn.c_attn,
+...), so state dicts map onto HF checkpoints one to one. Besides the usual forward/generate, the
+model has a no-grad probe, `max_attention_logits`, that reports per layer the largest pre-softmax
+attention logit: the quantity MERIT is designed to keep in check.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Presets only fix the shape (n_layer, n_head, n_embd); every other field keeps its default
+# unless overridden. The small ones are for CPU runs and tests. Comments: parameters in the
+# transformer blocks (total at vocab 50304, block_size 1024, no biases).
+PRESETS = {
+    "nano": dict(n_layer=4, n_head=4, n_embd=128),  # 0.8M (7.4M)
+    "micro": dict(n_layer=6, n_head=6, n_embd=192),  # 2.7M (12.5M)
+    "mini": dict(n_layer=6, n_head=6, n_embd=384),  # 10.6M (30.3M)
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 85M (124M)
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 302M (355M)
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 708M (774M)
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1475M (1557M)
+}
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear and LayerNorm layers; GPT-2 had them
+    scale_attn_by_inverse_layer_idx: bool = False  # divide layer i's logits by (i + 1), as HF GPT-2
+
+    def __post_init__(self):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+
+    @classmethod
+    def preset(cls, name, **overrides):
+        """A named model shape, e.g. GPTConfig.preset("gpt2-medium", scale_attn_by_inverse_layer_idx=True)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        head_dim = config.n_embd // config.n_head
+        # The inverse-layer factor tames logit growth in deep GPT-2s (used for Medium and Large).
+        layer_factor = layer_idx + 1 if config.scale_attn_by_inverse_layer_idx else 1
+        self.scale = 1.0 / (math.sqrt(head_dim) * layer_factor)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def qkv(self, x):
+        """(B, T, C) -> q, k, v, each (B, n_head, T, head_dim)."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def max_logit(self, x, chunk_size):
+        """Largest causal pre-softmax logit q.k * scale for the (normalised) input x, as float32.
+
+        Queries are taken chunk_size at a time, each against only the keys it may see, so the
+        extra memory is O(B * H * chunk_size * T) instead of the full T x T logit matrix.
+        """
+        q, k, _ = self.qkv(x)
+        T = q.size(2)
+        best = torch.tensor(float("-inf"), device=x.device)
+        # float32 logits even under autocast, which would otherwise run the matmul in bf16/fp16
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            q, k = q.float(), k.float()
+            for start in range(0, T, chunk_size):
+                end = min(start + chunk_size, T)
+                logits = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * self.scale
+                query_pos = torch.arange(start, end, device=x.device).unsqueeze(1)
+                key_pos = torch.arange(end, device=x.device).unsqueeze(0)
+                logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
+                best = torch.maximum(best, logits.max())
+        return best
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 was trained with the tanh approximation
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: the input embedding and the output projection share one matrix.
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+        # GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * n_layer)
+        # (two per block), so the residual's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def _embed(self, idx):
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
+            )
+        pos = torch.arange(T, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss over targets != -1."""
+        x = self._embed(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    @torch.no_grad()
+    def max_attention_logits(self, idx, chunk_size=256):
+        """Per layer, the max over batch, heads and causal positions of q.k * scale: float32 (n_layer,).
+
+        The residual stream is the ordinary forward in eval mode (no dropout); each layer's logits
+        are recomputed from its ln_1 output in query chunks of chunk_size to bound memory.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        was_training = self.training
+        self.eval()
+        try:
+            x = self._embed(idx)
+            maxima = []
+            for block in self.transformer.h:
+                maxima.append(block.attn.max_logit(block.ln_1(x), chunk_size))
+                x = block(x)
+        finally:
+            self.train(was_training)
+        return torch.stack(maxima)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); the caller picks train/eval mode."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            logits, _ = self(context)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                kth_best = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                logits = logits.masked_fill(logits < kth_best, float("-inf"))
+            probs = F.softmax(logits, dim=-1)
+            next_token = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx
+
+    def num_params(self, non_embedding=True):
+        """Parameter count (tied weights once). Non-embedding leaves out wpe, as nanoGPT: wte is
+        also the output layer, so its parameters do take part in the compute."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self):
+        """Training FLOPs per token at full context (PaLM appendix B, as nanoGPT's estimate_mfu):
+        6N for the matmuls' forward and backward, plus 12 * L * H * Q * T for attention."""
+        cfg = self.config
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+        return 6 * self.num_params() + 12 * L * H * Q * T
+
+    def estimate_mfu(self, tokens_per_second, peak_flops):
+        """Model FLOPs utilisation: achieved training FLOP/s as a fraction of peak_flops."""
+        return self.flops_per_token() * tokens_per_second / peak_flops
