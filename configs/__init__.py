@@ -1,0 +1,206 @@
+"""Training configuration: the schema (one dataclass) and the loader of Python config files.
+
+A config file is plain Python that assigns names, e.g. ``configs/default.py``; it may inherit
+from another config with ``from configs.gpt2_small_owt import *`` and then reassign names.
+Every public name it leaves behind must be a field of ``TrainConfig`` with the field's type;
+command-line overrides ``--key=value`` are parsed as Python literals (``ast.literal_eval``),
+never evaluated as code.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import json
+import runpy
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model import GPTConfig
+
+VOCAB_MULTIPLE = 64  # pad the vocabulary so the LM head's matmul has friendly shapes (50257 -> 50304)
+
+
+@dataclass
+class TrainConfig:
+    # --- run ---
+    run_name: str = "default"  # the run folder is out_dir/run_name
+    out_dir: str = "runs"
+    seed: int = 1337
+    resume: bool = False  # continue from out_dir/run_name/ckpt.pt
+
+    # --- data ---
+    data_dir: str = "cache/data/shakespeare-byte"  # shards written by data/prepare.py
+    tokenizer: str = "byte"  # "gpt2" or "byte"; must be the one the shards were made with
+
+    # --- model: a GPTConfig preset, each field overridable (None keeps the preset's value) ---
+    model: str = "nano"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    dropout: float | None = None
+    bias: bool | None = None
+    scale_attn_by_inverse_layer_idx: bool | None = None
+    vocab_size: int | None = None  # None: the tokenizer's vocabulary padded to a multiple of 64
+
+    # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---
+    batch_size: int = 64
+    micro_batch_size: int = 16
+
+    # --- schedule: lengths in steps or in tokens (set exactly one of each pair) ---
+    max_steps: int = 0
+    max_tokens: int = 0
+    warmup_steps: int = 0
+    warmup_tokens: int = 0
+    lr_schedule: str = "cosine"  # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
+    decay_fraction: float = 0.2  # wsd: the last fraction of training decays linearly to min_lr
+    lr: float = 2e-4
+    min_lr: float = 2e-5
+
+    # --- optimizer ---
+    optimizer: str = "merit"
+    weight_decay: float = 1e-2
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float | None = None  # None: the optimizer's own default
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    decay_embeddings: bool = False
+    optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
+
+    # --- evaluation, logging, checkpoints ---
+    log_interval: int = 10  # steps between metric lines (loss, lr, grad norm, speed, max logits)
+    eval_interval: int = 100  # steps between validation losses (and at the end)
+    val_tokens: int = 65536  # validation budget per evaluation, in tokens over all ranks
+    probe_batch_size: int = 4  # validation sequences on which max attention logits are measured
+    checkpoint_interval: int = 0  # steps between checkpoints; 0: only at the end
+    stop_at_step: int = 0  # end this invocation after this step (checkpointing); 0: run to the end
+    sample_tokens: int = 0  # print a sample of this many tokens at the end
+    wandb_mode: str = "disabled"  # "online", "offline" or "disabled"
+    wandb_project: str = "nanomerit"
+    wandb_entity: str | None = None
+    wandb_group: str | None = None
+
+    # --- system ---
+    device: str = "auto"  # "auto", "cpu", "cuda"
+    dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
+    compile: bool = False
+    peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
+
+    def __post_init__(self):
+        _check(self.batch_size > 0 and self.micro_batch_size > 0, "batch_size and micro_batch_size must be > 0")
+        _check((self.max_steps > 0) != (self.max_tokens > 0),
+               f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")
+        _check(not (self.warmup_steps and self.warmup_tokens),
+               "set at most one of warmup_steps and warmup_tokens")
+        _check(self.lr_schedule in ("cosine", "wsd"), f"lr_schedule={self.lr_schedule!r}: use 'cosine' or 'wsd'")
+        _check(self.wandb_mode in ("online", "offline", "disabled"),
+               f"wandb_mode={self.wandb_mode!r}: use 'online', 'offline' or 'disabled'")
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"),
+               f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
+        _check(0.0 <= self.min_lr <= self.lr, f"min_lr={self.min_lr} must lie in [0, lr={self.lr}]")
+        _check(self.log_interval > 0 and self.eval_interval > 0, "log_interval and eval_interval must be > 0")
+
+    # --- derived quantities (one place for each) ---
+    def model_config(self, n_vocab: int) -> GPTConfig:
+        overrides = {f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)
+                     if getattr(self, f.name, None) is not None}
+        overrides.setdefault("vocab_size", -(-n_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
+        config = GPTConfig.preset(self.model, **overrides)
+        _check(config.vocab_size >= n_vocab,
+               f"vocab_size={config.vocab_size} is smaller than the tokenizer's {n_vocab} tokens")
+        return config
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        per_step = self.micro_batch_size * world_size
+        _check(self.batch_size % per_step == 0,
+               f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size} "
+               f"x world_size={world_size} = {per_step}: make batch_size a multiple of {per_step}, "
+               f"or choose micro_batch_size so that micro_batch_size x world_size divides batch_size")
+        return self.batch_size // per_step
+
+    def steps(self, block_size: int) -> tuple[int, int]:
+        """(total optimizer steps, warmup steps), converting token budgets at batch x block tokens a step."""
+        tokens_per_step = self.batch_size * block_size
+        total = self.max_steps or self.max_tokens // tokens_per_step
+        warmup = self.warmup_steps or self.warmup_tokens // tokens_per_step
+        _check(total > 0, f"max_tokens={self.max_tokens} is less than one step of {tokens_per_step} tokens")
+        return total, warmup
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+def _check(ok: bool, message: str):
+    if not ok:
+        raise ConfigError(message)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_TYPES = typing.get_type_hints(TrainConfig)
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _FIELDS, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see configs/__init__.py for the valid keys"
+    return ConfigError(f"unknown config key '{key}' in {where}{hint}")
+
+
+def _coerce(key: str, value, where: str):
+    """Return value if it has the declared type of `key` (ints are accepted as floats)."""
+    expected = _TYPES[key]
+    allowed = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
+    for kind in allowed:
+        if kind is type(None) and value is None:
+            return None
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is not float and kind is not type(None) and type(value) is kind:
+            return value
+    names = " or ".join("None" if k is type(None) else k.__name__ for k in allowed)
+    raise ConfigError(f"config key '{key}' in {where} must be {names}, got {type(value).__name__} {value!r}")
+
+
+def _parse_override(arg: str) -> tuple[str, object]:
+    if not arg.startswith("--"):
+        raise ConfigError(f"unexpected argument {arg!r}: overrides look like --key=value")
+    key, sep, text = arg[2:].partition("=")
+    if not sep:  # a bare flag: --resume
+        return key, True
+    try:
+        return key, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return key, text  # a bare word such as --optimizer=adamw is a string
+
+
+def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """Build the config from a Python file (optional) and --key=value overrides."""
+    values = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        for key, value in runpy.run_path(path).items():
+            # Imports, helper functions and private names are not settings.
+            if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+                continue
+            if key not in _FIELDS:
+                raise _unknown_key(key, path)
+            values[key] = _coerce(key, value, path)
+    for arg in overrides:
+        key, value = _parse_override(arg)
+        if key not in _FIELDS:
+            raise _unknown_key(key, "the command line")
+        values[key] = _coerce(key, value, "the command line")
+    return TrainConfig(**values)
+
+
+def save_config(config: TrainConfig, path: Path):
+    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
