@@ -1,0 +1,47 @@
+"""Shared fixtures: a small byte-level corpus written as shards, and a runner for train.py."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.shards import write_shard
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the king queen crown sword castle night morning river stone gold silver bright dark "
+         "speaks walks sleeps dreams loves fears hopes sings quickly slowly softly").split()
+
+
+def make_text(n_sentences: int, seed: int) -> str:
+    """Sentences from a small word list: structured enough that a tiny model's loss falls fast."""
+    rng = random.Random(seed)
+    return "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
+                     for _ in range(n_sentences))
+
+
+@pytest.fixture(scope="session")
+def byte_shards(tmp_path_factory) -> Path:
+    """A train and a val split of byte tokens (end-of-text 256 before each document)."""
+    root = tmp_path_factory.mktemp("byte_shards")
+    for split, n_docs, seed in (("train", 40, 0), ("val", 6, 1)):
+        tokens = []
+        for doc in range(n_docs):
+            tokens += [256] + list(make_text(60, seed * 1000 + doc).encode())
+        write_shard(root / f"{split}_000000.bin", np.array(tokens, dtype=np.uint16))
+    return root
+
+
+def run_train(*args: str, nproc: int = 1, cwd: Path = ROOT, timeout: int = 300,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """Run train.py in a subprocess (torchrun with gloo when nproc > 1); fail with its output if `check`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                if nproc > 1 else [sys.executable])
+    result = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0 or not check, f"train.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result

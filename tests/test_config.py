@@ -1,0 +1,97 @@
+"""Config schema and loader: files, inheritance, literal overrides, and the errors users see."""
+
+import json
+import math
+
+import pytest
+
+from configs import ConfigError, TrainConfig, load_config, save_config
+from training.schedule import learning_rate
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_file_and_overrides_are_literals(tmp_path):
+    path = write(tmp_path, "c.py", "import math\nmax_steps = 10\nlr = 1\n_private = 3\n"
+                                   "def helper():\n    return 1\n")
+    config = load_config(path, ["--optimizer=adamw", "--beta2=0.99", "--resume",
+                                "--optimizer_options={'foo': [1, 2]}", "--wandb_entity=None"])
+    assert config.lr == 1.0 and isinstance(config.lr, float)  # ints are accepted where floats are declared
+    assert config.optimizer == "adamw" and config.beta2 == 0.99 and config.resume is True
+    assert config.optimizer_options == {"foo": [1, 2]} and config.wandb_entity is None
+
+
+def test_overrides_are_never_evaluated(tmp_path):
+    marker = tmp_path / "evaluated"
+    with pytest.raises(ConfigError, match="'lr'.*must be float"):
+        load_config(None, ["--max_steps=1", f"--lr=open('{marker}', 'w')"])
+    assert not marker.exists()
+
+
+def test_inheritance_from_another_config():
+    config = load_config("configs/gpt2_medium_owt.py")
+    assert config.model == "gpt2-medium" and config.scale_attn_by_inverse_layer_idx is True
+    assert config.batch_size == 480 and config.max_steps == 100_000  # inherited from the Small config
+    assert config.lr == 3e-4
+
+
+def test_unknown_key_names_it_and_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'learning_rat'.*did you mean 'lr'|'learning_rat'"):
+        load_config(write(tmp_path, "c.py", "max_steps = 1\nlearning_rat = 3\n"))
+    with pytest.raises(ConfigError, match=r"'micro_batch'.*did you mean 'micro_batch_size'"):
+        load_config(None, ["--max_steps=1", "--micro_batch=4"])
+
+
+def test_wrong_type_names_key_and_types(tmp_path):
+    with pytest.raises(ConfigError, match=r"'batch_size'.*must be int, got str '64'"):
+        load_config(write(tmp_path, "c.py", "max_steps = 1\nbatch_size = '64'\n"))
+    with pytest.raises(ConfigError, match=r"'compile'.*must be bool, got int"):
+        load_config(None, ["--max_steps=1", "--compile=1"])
+    with pytest.raises(ConfigError, match=r"'batch_size'.*must be int, got float"):
+        load_config(None, ["--max_steps=1", "--batch_size=64.0"])
+
+
+def test_non_divisible_batch_names_the_numbers():
+    config = TrainConfig(max_steps=1, batch_size=480, micro_batch_size=12)
+    assert config.grad_accum_steps(8) == 5
+    with pytest.raises(ConfigError, match=r"batch_size=480 .*micro_batch_size=12 x world_size=7 = 84"):
+        config.grad_accum_steps(7)
+
+
+def test_invalid_values_are_rejected():
+    with pytest.raises(ConfigError, match="exactly one of max_steps"):
+        TrainConfig()
+    with pytest.raises(ConfigError, match="lr_schedule='linear'"):
+        TrainConfig(max_steps=1, lr_schedule="linear")
+    with pytest.raises(ConfigError, match="max_tokens=10 is less than one step"):
+        TrainConfig(max_tokens=10).steps(block_size=128)
+
+
+def test_derived_model_and_schedule_lengths():
+    config = TrainConfig(max_tokens=10 * 480 * 1024, warmup_tokens=2 * 480 * 1024, batch_size=480, model="gpt2")
+    assert config.steps(1024) == (10, 2)
+    assert config.model_config(50257).vocab_size == 50304  # GPT-2's 50257 padded to a multiple of 64
+    assert TrainConfig(max_steps=1).model_config(257).vocab_size == 320
+    assert TrainConfig(max_steps=1, model="gpt2", n_layer=2).model_config(50257).n_layer == 2
+
+
+def test_resolved_config_round_trips_through_json(tmp_path):
+    config = load_config(None, ["--max_steps=7", "--optimizer_options={'a': 1}"])
+    save_config(config, tmp_path / "config.json")
+    assert TrainConfig(**json.loads((tmp_path / "config.json").read_text())) == config
+
+
+def test_schedules_against_hand_computed_values():
+    kw = dict(total=110, warmup=10, lr=1.0, min_lr=0.1)
+    assert learning_rate(0, **kw) == pytest.approx(0.1)  # warmup: (step + 1) / warmup
+    assert learning_rate(9, **kw) == pytest.approx(1.0)
+    assert learning_rate(60, **kw) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
+    assert learning_rate(110, **kw) == pytest.approx(0.1)
+    wsd = dict(kw, schedule="wsd", decay_fraction=0.2)  # decay over the last 22 steps: 88..109
+    assert learning_rate(87, **wsd) == 1.0
+    assert learning_rate(88, **wsd) == pytest.approx(1.0 - 0.9 / 22)
+    assert learning_rate(109, **wsd) == pytest.approx(0.1)
