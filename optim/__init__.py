@@ -1,0 +1,70 @@
+"""Optimizer registry: ``build(name, model, lr=...)`` is how the framework creates optimizers.
+
+Registering an optimizer is one entry in ``_REGISTRY``: a callable (class or function) taking
+``(params, *, lr, weight_decay, betas, eps, <its own options>)`` with its own defaults for
+betas/eps. ``build`` checks options against that signature, so no other code changes.
+"""
+import difflib
+import inspect
+
+import torch
+from torch import nn
+
+from .adamw import adamw
+from .merit import MERIT
+from .param_groups import param_groups
+
+__all__ = ["MERIT", "adamw", "available", "build", "param_groups"]
+
+_REGISTRY = {
+    "adamw": adamw,
+    "merit": MERIT,
+}
+_COMMON = ("lr", "weight_decay", "betas", "eps")
+
+
+def available() -> list[str]:
+    """Names ``build`` accepts."""
+    return sorted(_REGISTRY)
+
+
+def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,
+          betas: tuple[float, float] | None = None, eps: float | None = None,
+          decay_embeddings: bool = False, **options) -> torch.optim.Optimizer:
+    """Create optimizer ``name`` (case-insensitive).
+
+    ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
+    matrices only); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
+    dicts), passed through unchanged with ``weight_decay`` as the default for every group.
+    ``betas``/``eps`` None keep the optimizer's own defaults. ``options`` are optimizer-specific.
+    """
+    key = name.lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown optimizer {name!r}{_did_you_mean(key, _REGISTRY)}; "
+                         f"valid names: {', '.join(available())}")
+    factory = _REGISTRY[key]
+    accepted = [n for n, prm in inspect.signature(factory).parameters.items()
+                if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)
+                and n != "params" and n not in _COMMON]
+    for option in options:
+        if option not in accepted:
+            raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
+                            f"{_did_you_mean(option, [*accepted, *_COMMON])}; "
+                            f"accepted options: {', '.join(accepted) or 'none'}")
+    if isinstance(model_or_named_params, nn.Module):
+        params = param_groups(model_or_named_params, weight_decay, decay_embeddings)
+    elif decay_embeddings:
+        raise ValueError("decay_embeddings=True needs an nn.Module to find the embeddings")
+    else:
+        params = model_or_named_params
+    kwargs = {"lr": lr, "weight_decay": weight_decay, **options}
+    if betas is not None:
+        kwargs["betas"] = tuple(betas)
+    if eps is not None:
+        kwargs["eps"] = eps
+    return factory(params, **kwargs)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,30 @@
+"""AdamW: torch's own implementation (optimizers.md, "AdamW").
+
+Fused where torch has a fused kernel, else foreach. On torch 2.13 the fused AdamW kernels run on
+CPU and CUDA for every floating dtype (fp16, bf16, fp32, fp64; checked on CPU), so "allowed" is
+decided by device type and floating-point-ness alone.
+"""
+import torch
+
+_FUSED_DEVICES = ("cpu", "cuda")
+
+
+def adamw(params, *, lr: float, weight_decay: float = 0.0,
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` with torch's defaults; ``params`` in any form torch accepts."""
+    params = list(params)
+    fused = all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in _tensors(params))
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                             fused=fused or None, foreach=None if fused else True)
+
+
+def _tensors(params):
+    """The tensors in torch's accepted forms: tensors, (name, tensor) pairs or group dicts."""
+    for item in params:
+        if isinstance(item, dict):
+            group = item["params"]
+            yield from _tensors([group] if isinstance(group, torch.Tensor) else group)
+        elif isinstance(item, tuple):
+            yield item[1]
+        else:
+            yield item
