@@ -205,12 +205,13 @@ class GPT(nn.Module):
         return torch.stack(maxima)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Append max_new_tokens sampled tokens to idx (B, T); the caller picks train/eval mode."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, n_vocab=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); the caller picks train/eval mode.
+        n_vocab: sample only the tokenizer's ids, never the padding rows of a padded vocabulary."""
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size:]
             logits, _ = self(context)
-            logits = logits[:, -1, :] / temperature
+            logits = logits[:, -1, :n_vocab] / temperature
             if top_k is not None:
                 kth_best = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                 logits = logits.masked_fill(logits < kth_best, float("-inf"))

@@ -307,3 +307,14 @@ def test_generate_top_k_one_is_greedy():
         logits, _ = reference_forward(model, expected[:, -model.config.block_size:])
         expected = torch.cat((expected, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     assert torch.equal(out, expected)
+
+
+def test_generate_never_samples_vocabulary_padding():
+    model = tiny_model().eval()
+    with torch.no_grad():  # make the padding rows the most likely tokens
+        model.lm_head.weight[-3:] = model.lm_head.weight[-3:] * 0 + 5.0
+    idx = random_tokens(model, 4, 3)
+    n_vocab = model.config.vocab_size - 3
+    out = model.generate(idx, 10, generator=torch.Generator().manual_seed(0), n_vocab=n_vocab)
+    assert (out[:, 3:] < n_vocab).all()
+    assert (model.generate(idx, 10, generator=torch.Generator().manual_seed(0))[:, 3:] >= n_vocab).any()

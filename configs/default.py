@@ -1,0 +1,31 @@
+# The CPU demo: a small GPT on Shakespeare (byte-level), trained with MERIT in a few minutes on
+# 2 cores. Prepare the data, then train:
+#   python data/prepare.py shakespeare --tokenizer byte
+#   python train.py configs/default.py
+
+run_name = "default"
+data_dir = "cache/data/shakespeare-byte"
+tokenizer = "byte"
+
+model = "nano"  # 4 layers, 4 heads, 128 dims
+block_size = 256
+dropout = 0.0
+
+batch_size = 32
+micro_batch_size = 16
+max_steps = 600
+warmup_steps = 30
+lr_schedule = "cosine"
+
+optimizer = "merit"
+lr = 1e-2  # MERIT's step is relative to each weight's scale: small models want a larger lr
+min_lr = 1e-3
+weight_decay = 1e-2
+beta1, beta2 = 0.9, 0.95
+grad_clip = 1.0
+
+log_interval = 50
+eval_interval = 200
+val_tokens = 131072
+probe_batch_size = 8
+sample_tokens = 300

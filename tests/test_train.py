@@ -1,0 +1,131 @@
+"""train.py end to end: DDP equivalence, exact resume, checkpoints, errors, and a loss that falls."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, run_train
+from training import checkpoint
+
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
+        "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2"]
+
+
+def args(data_dir, out_dir, *extra):
+    return [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra]
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_params(run_dir):
+    return checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)["model"]
+
+
+@pytest.mark.parametrize("optimizer", ["merit", "adamw"])
+def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optimizer):
+    common = ("--max_steps=5", "--batch_size=4", "--micro_batch_size=2", f"--optimizer={optimizer}")
+    run_train(*args(byte_shards, tmp_path, "--run_name=ddp", *common), nproc=2)  # accumulation 1
+    run_train(*args(byte_shards, tmp_path, "--run_name=single", *common))  # accumulation 2
+    ddp, single = load_params(tmp_path / "ddp"), load_params(tmp_path / "single")
+    for name in single:
+        torch.testing.assert_close(ddp[name], single[name], atol=1e-5, rtol=0, msg=name)
+    ddp_losses = [r["train/loss"] for r in read_metrics(tmp_path / "ddp") if "train/loss" in r]
+    single_losses = [r["train/loss"] for r in read_metrics(tmp_path / "single") if "train/loss" in r]
+    assert ddp_losses == pytest.approx(single_losses, abs=1e-5)
+
+
+def test_resume_continues_bitwise(byte_shards, tmp_path):
+    common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3")
+    run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common))
+    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=4"))
+    assert checkpoint.load(tmp_path / "split" / "ckpt.pt")["step"] == 4
+    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))
+
+    straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
+    assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 9))  # no gap, no duplicate
+    for key in ("train/loss", "val/loss", "max_logit/layer_01"):
+        assert [r[key] for r in split if key in r] == [r[key] for r in straight if key in r], key
+    a, b = checkpoint.load(tmp_path / "straight" / "ckpt.pt"), checkpoint.load(tmp_path / "split" / "ckpt.pt")
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    assert a["train_loader"] == b["train_loader"]
+    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
+    run_train(*args(byte_shards, tmp_path, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2"))
+    state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
+    assert state["step"] == 2 and state["tokens"] == 2 * 2 * 32
+    assert state["config"]["optimizer"] == "merit" and state["model_args"]["n_layer"] == 2
+    assert {"model", "optimizer", "scaler", "rng", "train_loader", "code_version"} <= state.keys()
+    assert json.loads((tmp_path / "default" / "config.json").read_text()) == state["config"]
+    refused = run_train(*args(byte_shards, tmp_path, "--max_steps=4", "--batch_size=2", "--micro_batch_size=2",
+                              "--n_embd=64", "--resume"), check=False)
+    assert refused.returncode != 0 and "n_embd: checkpoint 32, now 64" in refused.stderr
+
+
+def test_incompatible_checkpoint_message(tmp_path):
+    saved = {"model_args": {"n_layer": 2, "n_embd": 32}, "config": {"tokenizer": "byte", "optimizer": "merit"}}
+    with pytest.raises(ValueError, match=r"n_embd: checkpoint 32, now 64"):
+        checkpoint.check_compatible(saved, {"n_layer": 2, "n_embd": 64},
+                                    {"tokenizer": "byte", "optimizer": "merit"}, tmp_path)
+
+
+def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    checkpoint.save({"step": 1, "w": torch.ones(3)}, path)
+
+    def crash(obj, f):
+        f.write(b"partial garbage")
+        raise KeyboardInterrupt  # killed mid-write
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    state = checkpoint.load(path)
+    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(3))
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="corrupt or not a nanoMERIT checkpoint"):
+        checkpoint.load(path)
+    with pytest.raises(FileNotFoundError, match="start without --resume"):
+        checkpoint.load(tmp_path / "missing.pt")
+
+
+def test_validation_loss_falls(byte_shards, tmp_path):
+    run_train(*args(byte_shards, tmp_path, "--max_steps=60", "--batch_size=8", "--micro_batch_size=8",
+                    "--eval_interval=30", "--lr=0.02"))
+    val = [r["val/loss"] for r in read_metrics(tmp_path / "default") if "val/loss" in r]
+    assert len(val) == 3 and val[-1] < 0.8 * val[0], val  # from ~ln(320) = 5.8 towards the text's entropy
+    logits = [r for r in read_metrics(tmp_path / "default") if "max_logit/layer_00" in r]
+    assert all(r["max_logit/layer_00"] > 0 for r in logits)
+
+
+def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
+    cmd = [sys.executable, str(ROOT / "train.py"), *args(byte_shards, tmp_path, "--max_steps=100000",
+                                                         "--batch_size=2", "--micro_batch_size=2")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "default" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # what SLURM and torchrun send on preemption
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
+    assert 2 <= state["step"] < 100000 and "SIGTERM received" in output

@@ -1,0 +1,283 @@
+"""Train a GPT-2 with the optimizer a config file names.
+
+    python train.py configs/default.py                    # one process (CPU or one GPU)
+    torchrun --nproc_per_node=8 train.py configs/X.py     # DDP: NCCL on GPUs, gloo on CPUs
+    python train.py configs/X.py --lr=3e-4 --resume       # overrides are Python literals
+
+The config gives the GLOBAL batch; gradient accumulation follows from the micro-batch and the
+number of ranks, so the same config optimizes identically on 1 or 64 GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import optim
+from configs import TrainConfig, load_config, save_config
+from data.loader import TokenLoader
+from data.tokenizer import get_tokenizer
+from model import GPT
+from training import checkpoint, distributed
+from training.metrics import MetricsLogger
+from training.schedule import learning_rate
+
+# Dense bf16 peak of common training GPUs, for MFU (config.peak_flops overrides).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if use_bf16 else torch.float32
+    return getattr(torch, name)
+
+
+def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
+    if config.peak_flops is not None or device.type != "cuda":
+        return config.peak_flops
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.ctx = distributed.setup(config.device)
+        self.device = self.ctx.device
+        self.run_dir = Path(config.out_dir) / config.run_name
+        self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
+
+        dtype = resolve_dtype(config.dtype, self.device)
+        self.autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext())
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=dtype == torch.float16)
+
+        self.tokenizer = get_tokenizer(config.tokenizer)
+        torch.manual_seed(config.seed)  # identical initial weights on every rank
+        self.model_config = config.model_config(self.tokenizer.n_vocab)
+        self.model = GPT(self.model_config).to(self.device)
+        self.optimizer = optim.build(
+            config.optimizer, self.model, lr=config.lr, weight_decay=config.weight_decay,
+            betas=(config.beta1, config.beta2), eps=config.eps, decay_embeddings=config.decay_embeddings,
+            **config.optimizer_options)
+        torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
+
+        block = self.model_config.block_size
+        self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block,
+                                        rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed)
+        self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block,
+                                      rank=self.ctx.rank, world_size=self.ctx.world_size)
+        self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
+        # A fixed batch for the max-attention-logit probe: the first validation sequences.
+        self.probe_batch = TokenLoader(config.data_dir, "val", config.probe_batch_size, block).next_batch()[0]
+        self.total_steps, self.warmup_steps = config.steps(block)
+        self.tokens_per_step = config.batch_size * block
+        self.peak_flops = peak_flops(config, self.device)
+
+        self.step = 0
+        self.latest = {}  # the last value of every logged metric, for the final summary
+        if config.resume:
+            self.restore()
+        # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
+        self.train_model = torch.compile(self.model) if config.compile else self.model
+        if self.ctx.enabled:
+            self.train_model = DDP(self.train_model, device_ids=[self.ctx.local_rank] if self.device.type == "cuda"
+                                   else None)
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # --- the loop ---
+    def train(self):
+        config, ctx = self.config, self.ctx
+        if ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(config, self.run_dir / "config.json")
+            self.metrics = MetricsLogger(self.run_dir, config.to_dict(), wandb_mode=config.wandb_mode,
+                                         project=config.wandb_project, entity=config.wandb_entity,
+                                         group=config.wandb_group, resume_step=self.step if config.resume else None)
+            self.describe()
+        progress = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, unit="step",
+                        dynamic_ncols=True)
+        loss_sum, steps_since_log, interval_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
+        if self.step == 0:
+            self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
+        while self.step < last_step:
+            loss_sum += self.train_step()
+            self.step += 1
+            steps_since_log += 1
+            progress.update()
+            final = self.step == self.total_steps
+            if self.step % config.log_interval == 0 or final:
+                elapsed = self._synchronize_time(interval_start)
+                self.log_train(loss_sum / steps_since_log, steps_since_log, elapsed, progress)
+                loss_sum.zero_(); steps_since_log = 0
+                interval_start = time.perf_counter()
+            if self.step % config.eval_interval == 0 or final:
+                self.log({"val/loss": self.validation_loss()})
+            stop = distributed.any_rank(self.stop_requested, ctx)
+            interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
+            if self.step == last_step or stop or interval:
+                self.save_checkpoint()
+            if stop:
+                tqdm.write(f"rank {ctx.rank}: SIGTERM received, saved step {self.step}, exiting")
+                break
+        progress.close()
+        if ctx.is_main:
+            if self.step == self.total_steps:
+                self.summarize()
+            self.metrics.close()
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step over the global batch; returns the mean loss (no host sync)."""
+        lr = learning_rate(self.step, total=self.total_steps, warmup=self.warmup_steps, lr=self.config.lr,
+                           min_lr=self.config.min_lr, schedule=self.config.lr_schedule,
+                           decay_fraction=self.config.decay_fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total_loss = torch.zeros((), device=self.device)
+        for micro_step in range(self.grad_accum):
+            x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
+            # Gradients are all-reduced only on the last micro-step (DDP's no_sync on the others).
+            last = micro_step == self.grad_accum - 1
+            sync = nullcontext() if last or not self.ctx.enabled else self.train_model.no_sync()
+            with sync, self.autocast:
+                _, loss = self.train_model(x, y)
+                loss = loss / self.grad_accum
+            self.scaler.scale(loss).backward()
+            total_loss += loss.detach()
+        self.scaler.unscale_(self.optimizer)
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total_loss
+
+    # --- measurements ---
+    def log_train(self, mean_loss: torch.Tensor, steps: int, elapsed: float, progress):
+        loss = distributed.all_reduce_mean(mean_loss.clone(), self.ctx).item()
+        if not self.ctx.is_main:
+            return
+        tokens_per_s = steps * self.tokens_per_step / elapsed
+        record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                  "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
+        if self.peak_flops:
+            per_device = tokens_per_s / self.ctx.world_size
+            record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
+        with self.autocast:
+            max_logits = self.model.max_attention_logits(self.probe_batch.to(self.device))
+        record.update({f"max_logit/layer_{i:02d}": v for i, v in enumerate(max_logits.tolist())})
+        progress.set_postfix(loss=f"{loss:.4f}", max_logit=f"{max(max_logits.tolist()):.1f}")
+        self.log(record)
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        self.model.eval()
+        self.val_loader.reset()
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.val_steps):
+            x, y = (t.to(self.device) for t in self.val_loader.next_batch())
+            with self.autocast:
+                total += self.model(x, y)[1].float()
+        self.model.train()
+        return distributed.all_reduce_mean(total / self.val_steps, self.ctx).item()
+
+    def log(self, record: dict):
+        if self.ctx.is_main:
+            record = {"step": self.step, "tokens": self.step * self.tokens_per_step, **record}
+            self.metrics.log(record)
+            self.latest.update(record)
+            tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+                                if not k.startswith("max_logit/")))
+            if any(k.startswith("max_logit/") for k in record):
+                tqdm.write("  max attention logit per layer: " + " ".join(
+                    f"{record[k]:.2f}" for k in sorted(record) if k.startswith("max_logit/")))
+
+    def summarize(self):
+        max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if k.startswith("max_logit/")]
+        print(f"finished {self.step} steps ({self.step * self.tokens_per_step:,} tokens): "
+              f"val loss {self.latest['val/loss']:.4f}, max attention logit per layer {' '.join(max_logits)}")
+        if self.config.sample_tokens:
+            print(f"sample:\n{self.sample(self.config.sample_tokens)}")
+
+    def sample(self, max_new_tokens: int) -> str:
+        start = torch.tensor([[self.tokenizer.eot_token]], device=self.device)
+        generator = torch.Generator(self.device).manual_seed(self.config.seed)
+        with self.autocast:
+            out = self.model.generate(start, max_new_tokens, temperature=0.8, top_k=200, generator=generator,
+                                      n_vocab=self.tokenizer.n_vocab)
+        return self.tokenizer.decode(out[0, 1:].tolist())
+
+    def describe(self):
+        c, m = self.config, self.model_config
+        print(f"model {c.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
+              f"vocab {m.vocab_size}, {self.model.num_params() / 1e6:.2f}M parameters")
+        print(f"optimizer {c.optimizer} lr {c.lr} -> {c.min_lr} ({c.lr_schedule}, warmup {self.warmup_steps}); "
+              f"global batch {c.batch_size} x {m.block_size} tokens = micro {c.micro_batch_size} x "
+              f"{self.ctx.world_size} ranks x {self.grad_accum} accumulation; {self.total_steps} steps "
+              f"on {self.device}")
+
+    # --- checkpoints ---
+    def save_checkpoint(self):
+        rng = {"cpu": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
+        if self.ctx.is_main:
+            checkpoint.save({
+                "model": self.model.state_dict(), "model_args": vars(self.model_config).copy(),
+                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                "step": self.step, "tokens": self.step * self.tokens_per_step, "rng": rng_per_rank,
+                "train_loader": self.train_loader.state_dict(), "config": self.config.to_dict(),
+                "code_version": checkpoint.code_version(),
+            }, self.run_dir / checkpoint.CHECKPOINT_NAME)
+        distributed.barrier(self.ctx)
+
+    def restore(self):
+        path = self.run_dir / checkpoint.CHECKPOINT_NAME
+        state = checkpoint.load(path)
+        checkpoint.check_compatible(state, vars(self.model_config), self.config.to_dict(), path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.train_loader.load_state_dict(state["train_loader"])
+        self.step = state["step"]
+        if len(state["rng"]) == self.ctx.world_size:
+            rng = state["rng"][self.ctx.rank]
+            torch.set_rng_state(rng["cpu"])
+            if rng["cuda"] is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        elif self.ctx.is_main:
+            print(f"resuming on {self.ctx.world_size} ranks from a checkpoint of {len(state['rng'])}: the data "
+                  f"order continues exactly, dropout noise is freshly seeded")
+        if self.ctx.is_main:
+            print(f"resumed {path} at step {self.step} (written by code {state['code_version']})")
+
+    def _on_sigterm(self, signum, frame):
+        self.stop_requested = True  # acted on at the end of the current step, on all ranks together
+
+    def _synchronize_time(self, start: float) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+
+def main(argv: list[str]):
+    config_path = argv[0] if argv and not argv[0].startswith("--") else None
+    config = load_config(config_path, argv[1:] if config_path else argv)
+    trainer = Trainer(config)
+    try:
+        trainer.train()
+    finally:
+        distributed.teardown(trainer.ctx)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1 @@
+"""The training loop's components: distributed setup, schedule, checkpoints, metrics."""

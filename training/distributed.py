@@ -1,0 +1,78 @@
+"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU) and the few collectives the loop needs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: str = "auto") -> Distributed:
+    """Read torchrun's environment; a plain `python train.py` is a world of one."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch_device = torch.device("cuda", local_rank)
+    else:
+        torch_device = torch.device(device)
+    if world_size > 1:
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo",
+                                device_id=torch_device if device == "cuda" else None)
+    return Distributed(rank, local_rank, world_size, torch_device)
+
+
+def teardown(ctx: Distributed):
+    if ctx.enabled:
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(tensor: torch.Tensor, ctx: Distributed) -> torch.Tensor:
+    if ctx.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.AVG if tensor.is_cuda else dist.ReduceOp.SUM)
+        if not tensor.is_cuda:  # gloo has no AVG
+            tensor /= ctx.world_size
+    return tensor
+
+
+def any_rank(flag: bool, ctx: Distributed) -> bool:
+    """True on every rank if `flag` is True on any rank (e.g. a SIGTERM seen by one rank)."""
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def all_gather_objects(obj, ctx: Distributed) -> list:
+    if not ctx.enabled:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: Distributed):
+    if ctx.enabled:
+        dist.barrier()

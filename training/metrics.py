@@ -1,0 +1,77 @@
+"""Metrics: one JSON line per record in the run folder, always; wandb as well when enabled.
+
+wandb is a convenience, never a dependency of training: if it is missing, cannot start or
+fails while logging, a warning is printed and the run goes on with the JSONL file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+
+def _jsonable(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, config: dict, *, wandb_mode: str = "disabled", project: str = "nanomerit",
+                 entity: str | None = None, group: str | None = None, resume_step: int | None = None):
+        """resume_step: the step a resumed run continues from; records the interrupted run wrote
+        after its last checkpoint are dropped, so the log reads as one uninterrupted run."""
+        self.path = run_dir / "metrics.jsonl"
+        kept = []
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line and json.loads(line).get("step", 0) <= resume_step]
+        self._file = open(self.path, "w")
+        self._file.writelines(line + "\n" for line in kept)
+        self._wandb = None
+        if wandb_mode != "disabled":
+            self._wandb = self._start_wandb(run_dir, config, wandb_mode, project, entity, group,
+                                            resume=resume_step is not None)
+
+    @staticmethod
+    def _start_wandb(run_dir, config, mode, project, entity, group, resume):
+        try:
+            import wandb
+
+            run = wandb.init(project=project, entity=entity, group=group, name=config["run_name"], config=config,
+                             mode=mode, dir=str(run_dir), id=_run_id(run_dir), resume="allow" if resume else None)
+            # Per-layer max attention logits and optimizer diagnostics share a step axis with the loss.
+            run.define_metric("*", step_metric="step")
+            return run
+        except Exception as e:  # noqa: BLE001 - any wandb failure must leave training running
+            warnings.warn(f"wandb could not start ({e}); logging to {run_dir / 'metrics.jsonl'} only")
+            return None
+
+    def log(self, record: dict):
+        record = {k: _jsonable(v) for k, v in record.items()}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            try:
+                self._wandb.log(record)
+            except Exception as e:  # noqa: BLE001
+                warnings.warn(f"wandb.log failed ({e}); continuing with the JSONL log only")
+                self._wandb = None
+
+    def close(self):
+        self._file.close()
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception as e:  # noqa: BLE001
+                warnings.warn(f"wandb.finish failed ({e})")
+
+
+def _run_id(run_dir: Path) -> str:
+    """A wandb run id stored in the run folder, so a resumed run appends to the same wandb run."""
+    path = run_dir / "wandb_id.txt"
+    if not path.exists():
+        import wandb
+
+        path.write_text(wandb.util.generate_id())
+    return path.read_text().strip()
