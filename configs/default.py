@@ -11,21 +11,21 @@ model = "nano"  # 4 layers, 4 heads, 128 dims
 block_size = 256
 dropout = 0.0
 
-batch_size = 32
+batch_size = 16
 micro_batch_size = 16
-max_steps = 600
-warmup_steps = 30
+max_steps = 1200
+warmup_steps = 60
 lr_schedule = "cosine"
 
 optimizer = "merit"
-lr = 1e-2  # MERIT's step is relative to each weight's scale: small models want a larger lr
-min_lr = 1e-3
+lr = 2e-2  # MERIT's step is relative to each weight's scale: small models want a larger lr
+min_lr = 2e-3
 weight_decay = 1e-2
 beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 
-log_interval = 50
-eval_interval = 200
+log_interval = 100
+eval_interval = 400
 val_tokens = 131072
 probe_batch_size = 8
 sample_tokens = 300
