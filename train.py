@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -26,6 +27,7 @@ from configs import TrainConfig, load_config, save_config
 from data.loader import TokenLoader
 from data.tokenizer import get_tokenizer
 from model import GPT
+from optim.diagnostics import DiagnosticsMixin
 from training import checkpoint, distributed
 from training.metrics import MetricsLogger
 from training.schedule import learning_rate
@@ -67,7 +69,7 @@ class Trainer:
         self.optimizer = optim.build(
             config.optimizer, self.model, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.beta1, config.beta2), eps=config.eps, decay_embeddings=config.decay_embeddings,
-            **config.optimizer_options)
+            batch_tokens=config.batch_size * self.model_config.block_size, **config.optimizer_options)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
 
         block = self.model_config.block_size
@@ -111,12 +113,14 @@ class Trainer:
         if self.step == 0:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
-            loss_sum += self.train_step()
+            log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
+            loss_sum += self.train_step(diagnose=log_step and ctx.is_main)
             self.step += 1
+            self.optimizer_hooks()
             steps_since_log += 1
             progress.update()
             final = self.step == self.total_steps
-            if self.step % config.log_interval == 0 or final:
+            if log_step:
                 elapsed = self._synchronize_time(interval_start)
                 self.log_train(loss_sum / steps_since_log, steps_since_log, elapsed, progress)
                 loss_sum.zero_(); steps_since_log = 0
@@ -136,30 +140,64 @@ class Trainer:
                 self.summarize()
             self.metrics.close()
 
-    def train_step(self) -> torch.Tensor:
-        """One optimizer step over the global batch; returns the mean loss (no host sync)."""
+    def train_step(self, diagnose: bool = False) -> torch.Tensor:
+        """One optimizer step over the global batch; returns the mean loss (no host sync).
+        diagnose: ask the optimizer for its diagnostics on this step (log steps only)."""
         lr = learning_rate(self.step, total=self.total_steps, warmup=self.warmup_steps, lr=self.config.lr,
                            min_lr=self.config.min_lr, schedule=self.config.lr_schedule,
                            decay_fraction=self.config.decay_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        total_loss = self.forward_backward(lambda x, y, offset: self.train_model(x, y)[1])
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
+        if diagnose and isinstance(self.optimizer, DiagnosticsMixin):
+            self.optimizer.request_diagnostics()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total_loss
+
+    def forward_backward(self, loss_fn) -> torch.Tensor:
+        """Accumulate the gradient of loss_fn(x, y, stream offset of x) over the global batch's
+        micro-batches, unscaled and all-reduced; returns the mean loss."""
         total_loss = torch.zeros((), device=self.device)
         for micro_step in range(self.grad_accum):
+            offset = self.train_loader.next_offset
             x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
             # Gradients are all-reduced only on the last micro-step (DDP's no_sync on the others).
             last = micro_step == self.grad_accum - 1
             sync = nullcontext() if last or not self.ctx.enabled else self.train_model.no_sync()
             with sync, self.autocast:
-                _, loss = self.train_model(x, y)
-                loss = loss / self.grad_accum
+                loss = loss_fn(x, y, offset) / self.grad_accum
             self.scaler.scale(loss).backward()
             total_loss += loss.detach()
         self.scaler.unscale_(self.optimizer)
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
-        self.scaler.step(self.optimizer)
+        return total_loss
+
+    def optimizer_hooks(self):
+        """Extra passes an optimizer asks for after its step: Sophia-G's Hessian estimate."""
+        wants_hessian = getattr(self.optimizer, "wants_hessian_update", None)
+        if wants_hessian is not None and wants_hessian(self.step):
+            self.hessian_pass()
+
+    def hessian_pass(self):
+        """Gauss-Newton-Bartlett estimate (Sophia-G): the gradient, on the next global batch, of the
+        loss against labels sampled from the model's own softmax at every position, clipped to
+        norm 1; the optimizer squares it into its Hessian EMA."""
+        def sampled_label_loss(x, _, offset):
+            logits = self.train_model(x)[0].float().flatten(0, 1)
+            # Seeded by the batch's place in the token stream, so the labels (and the estimate)
+            # are the same on any number of ranks, and after a resume.
+            generator = torch.Generator(self.device).manual_seed(self.config.seed * 1_000_003 + offset)
+            labels = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+            return F.cross_entropy(logits, labels)
+
+        self.forward_backward(sampled_label_loss)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if norm.isfinite():  # fp16 overflow: skip this estimate (one host sync every k steps)
+            self.optimizer.update_hessian()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss
 
     # --- measurements ---
     def log_train(self, mean_loss: torch.Tensor, steps: int, elapsed: float, progress):
@@ -169,6 +207,8 @@ class Trainer:
         tokens_per_s = steps * self.tokens_per_step / elapsed
         record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                   "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
+        if isinstance(self.optimizer, DiagnosticsMixin):
+            record.update(self.optimizer.pop_diagnostics())
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
             record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
@@ -195,8 +235,9 @@ class Trainer:
             record = {"step": self.step, "tokens": self.step * self.tokens_per_step, **record}
             self.metrics.log(record)
             self.latest.update(record)
+            # The console gets the run-level numbers; per-parameter series go to the logs only.
             tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-                                if not k.startswith("max_logit/")))
+                                if "/" not in k or k.startswith(("train/", "val/"))))
             if any(k.startswith("max_logit/") for k in record):
                 tqdm.write("  max attention logit per layer: " + " ".join(
                     f"{record[k]:.2f}" for k in sorted(record) if k.startswith("max_logit/")))

@@ -44,10 +44,15 @@ class TokenLoader:
     def epoch(self) -> int:
         return self.position // self.split_tokens
 
+    @property
+    def next_offset(self) -> int:
+        """Stream offset of this rank's next batch: the same tokens have the same offset whatever
+        the number of ranks (used to seed per-batch randomness independently of the layout)."""
+        return self.position + self.rank * self.rank_tokens
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each int64 of shape (micro_batch_size, block_size); y is x shifted by one."""
-        start = self.position + self.rank * self.rank_tokens
-        tokens = torch.from_numpy(self.read(start, self.rank_tokens + 1))
+        tokens = torch.from_numpy(self.read(self.next_offset, self.rank_tokens + 1))
         self.position += self.global_tokens
         shape = (self.micro_batch_size, self.block_size)
         return tokens[:-1].view(shape), tokens[1:].view(shape)

@@ -11,16 +11,23 @@ import torch
 from torch import nn
 
 from .adamw import adamw
+from .lamb import LAMB
+from .lion import Lion
 from .merit import MERIT
 from .param_groups import param_groups
+from .sophia import SophiaG
 
-__all__ = ["MERIT", "adamw", "available", "build", "param_groups"]
+__all__ = ["Lion", "MERIT", "SophiaG", "adamw", "available", "build", "param_groups"]
 
 _REGISTRY = {
     "adamw": adamw,
+    "lamb": LAMB,
+    "lion": Lion,
     "merit": MERIT,
+    "sophiag": SophiaG,
 }
 _COMMON = ("lr", "weight_decay", "betas", "eps")
+_CONTEXT = ("batch_tokens",)  # supplied by the training loop, see build
 
 
 def available() -> list[str]:
@@ -30,13 +37,17 @@ def available() -> list[str]:
 
 def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,
           betas: tuple[float, float] | None = None, eps: float | None = None,
-          decay_embeddings: bool = False, **options) -> torch.optim.Optimizer:
+          decay_embeddings: bool = False, batch_tokens: int | None = None,
+          **options) -> torch.optim.Optimizer:
     """Create optimizer ``name`` (case-insensitive).
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
     matrices only); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
     dicts), passed through unchanged with ``weight_decay`` as the default for every group.
     ``betas``/``eps`` None keep the optimizer's own defaults. ``options`` are optimizer-specific.
+    ``batch_tokens`` (tokens per optimizer step) is context the training loop supplies to every
+    optimizer: it is passed to the factories whose signature takes it (e.g. Sophia-G's Hessian
+    scale, which then requires it) and ignored by the others.
     """
     key = name.lower()
     if key not in _REGISTRY:
@@ -45,7 +56,7 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     factory = _REGISTRY[key]
     accepted = [n for n, prm in inspect.signature(factory).parameters.items()
                 if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)
-                and n != "params" and n not in _COMMON]
+                and n != "params" and n not in _COMMON + _CONTEXT]
     for option in options:
         if option not in accepted:
             raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
@@ -62,6 +73,8 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
         kwargs["betas"] = tuple(betas)
     if eps is not None:
         kwargs["eps"] = eps
+    if "batch_tokens" in inspect.signature(factory).parameters:
+        kwargs["batch_tokens"] = batch_tokens
     return factory(params, **kwargs)
 
 

@@ -1,21 +1,62 @@
-"""AdamW: torch's own implementation (optimizers.md, "AdamW").
+"""AdamW: torch's own implementation (optimizers.md, "AdamW"), plus the update_rms diagnostic.
 
 Fused where torch has a fused kernel, else foreach. On torch 2.13 the fused AdamW kernels run on
 CPU and CUDA for every floating dtype (fp16, bf16, fp32, fp64; checked on CPU), so "allowed" is
 decided by device type and floating-point-ness alone.
 """
+import math
+from contextlib import contextmanager
+
 import torch
+
+from .diagnostics import DiagnosticsMixin
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
 
 def adamw(params, *, lr: float, weight_decay: float = 0.0,
-          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with torch's defaults; ``params`` in any form torch accepts."""
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> "AdamW":
+    """``AdamW`` with torch's defaults; ``params`` in any form torch accepts."""
     params = list(params)
     fused = all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in _tensors(params))
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                             fused=fused or None, foreach=None if fused else True)
+    return AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                 fused=fused or None, foreach=None if fused else True)
+
+
+class AdamW(DiagnosticsMixin, torch.optim.AdamW):
+    """``torch.optim.AdamW`` that records ``update_rms`` per parameter on requested steps."""
+
+    def step(self, closure=None):
+        torch_step = _unhooked(torch.optim.AdamW.step)
+        if not self.diagnostics_requested:
+            return torch_step(self, closure)  # straight to torch's kernel, nothing extra
+        with update_rms_recorded(self):
+            return torch_step(self, closure)
+
+
+def _unhooked(step):
+    # torch wraps a class's step() in its hook-calling wrapper once an instance of the class is
+    # built; calling that wrapper from our (also wrapped) step would run step hooks twice.
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
+
+
+@contextmanager
+def update_rms_recorded(optimizer: DiagnosticsMixin):
+    """Record ``update_rms`` (RMS of each parameter's change) over the enclosed step.
+
+    Generic, so it measures what the step really did (decay included, after rounding). It costs a
+    copy of the parameters, which is why optimizers enter it on requested steps only.
+    """
+    params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+    before = [torch.empty_like(p) for p in params]
+    torch._foreach_copy_(before, params)
+    yield
+    norms = iter(torch._foreach_norm(torch._foreach_sub(params, before)))
+    for group in optimizer.param_groups:
+        for index, p in enumerate(group["params"]):
+            norm = next(norms)
+            if p.grad is not None:  # parameters without a gradient were not stepped
+                optimizer.record_diagnostics(group, index, update_rms=norm / math.sqrt(p.numel()))
 
 
 def _tensors(params):

@@ -1,134 +1,105 @@
-"""MERIT (Luo et al., ICML 2025), exactly as optimizers.md specifies.
+"""MERIT (Luo et al., ICML 2025), exactly as optimizers.md specifies, with the paper's ablations.
 
-Per tensor, structured as the spec's two passes (a later fused kernel makes each one sweep):
-  pass 1: update m and v, form u, reduce the max-ratios of |p| (before the update) and |u|;
-  pass 2: p -= lr * clamp(s * u, -1, 1).
-Everything is vectorised per tensor; only the loop over tensors is in Python.
+Per tensor, the spec's two passes (optim/passes.py: C++ kernels on CPU, torch elsewhere):
+  pass 1: update m and v, write u into p.grad, return the row, column and weight-wise ratios;
+  pass 2: p -= lr * clamp(s * u, -1, 1), s = max(r_i, c_j, b).
 """
 import torch
 from torch import Tensor
 
+from . import passes
+from .trust_ratio import TrustRatioOptimizer
 
-class MERIT(torch.optim.Optimizer):
+
+class MERIT(TrustRatioOptimizer):
     """MERIT optimizer.
 
     Defaults are the authors' constructor defaults (lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
     weight_decay=0); their README recommends lr=2e-4, weight_decay=1e-2, betas=(0.9, 0.95).
-    Every param group may override lr, betas, eps and weight_decay.
+    ``step`` consumes the gradients (p.grad holds u afterwards).
 
-    State per parameter: "step" (float32 scalar tensor, a counter only: MERIT has no bias
-    correction), "exp_avg" (m) and "exp_avg_sq" (v).
+    The update, with ``u = m / (sqrt(v) + eps) + wd * p`` (no bias correction) and ``N`` a norm:
+      matrix (ndim >= 2; rows = dim 0, columns = dim 1, further dims not reduced):
+        b    = N(p) / N(u)                       weight-wise ratio
+        r_i  = N(row i of p) / N(row i of u)     row-wise ratio
+        c_j  = N(col j of p) / N(col j of u)     column-wise ratio
+        s_ij = max(r_i, c_j, b), and s_ij = 1 where N of row i or column j of p or u is 0
+      vector: s = N(p) / N(u), or 1 if either is 0
+      p = p - lr * clamp(s * u, -1, 1)
+    All norms use p before this step's update; a ratio that overflows is the largest finite value.
+
+    Ablations of the paper (keyword options, also per param group):
+      norm="max"                   N(x) = max |x| (MERIT); "l2": N(x) = ||x||_2 for every ratio
+                                   above (rows, columns, whole weight, vectors), zero guards alike.
+      weightwise_lower_bound=True  False: s_ij = max(r_i, c_j) (b is not used).
+      elementwise_clip=True        False: p = p - lr * s * u (no clip).
+      maxlamb=False                True ("maxLAMB"): s = b for every tensor, matrices included (no
+                                   element-wise ratio) and no clip: p = p - lr * b * u, b = 1 if
+                                   N(p) or N(u) is 0. elementwise_clip is not consulted;
+                                   weightwise_lower_bound=False contradicts it and is rejected.
+
+    Diagnostics (on requested steps, per parameter): ``trust_ratio_min/median/max`` of s over
+    the elements (median: the lower one, as torch.median) and ``clip_fraction``, the fraction of
+    elements with |s * u| > 1 (those the clip changes, or would change without it).
     """
+
+    _FLAGS = ("maxlamb", "elementwise_clip", "weightwise_lower_bound")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0):
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        _check_hyperparameters(defaults)
-        super().__init__(params, defaults)
-        self._workspaces = {}
+                 eps: float = 1e-6, weight_decay: float = 0.0, *, maxlamb: bool = False,
+                 elementwise_clip: bool = True, weightwise_lower_bound: bool = True, norm: str = "max"):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "maxlamb": maxlamb, "elementwise_clip": elementwise_clip,
+                                  "weightwise_lower_bound": weightwise_lower_bound, "norm": norm})
 
-    def __setstate__(self, state: dict) -> None:
-        # Unpickling (deepcopy, torch.load of the optimizer) bypasses __init__.
-        super().__setstate__(state)
-        self._workspaces = {}
+    def _check_options(self, group: dict) -> None:
+        super()._check_options(group)
+        if group["norm"] not in ("max", "l2"):
+            raise ValueError(f"Invalid norm: {group['norm']!r} (must be 'max' or 'l2')")
+        if group["maxlamb"] and not group["weightwise_lower_bound"]:
+            raise ValueError("Invalid weightwise_lower_bound: False with maxlamb=True "
+                             "(maxlamb uses the weight-wise ratio alone)")
 
-    def add_param_group(self, param_group: dict) -> None:
-        # Groups may override any hyper-parameter: check before the group joins the optimizer.
-        _check_hyperparameters({**self.defaults, **param_group})
-        super().add_param_group(param_group)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("MERIT does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                u, scratch = self._workspace(p)
-                ratio = _pass1(p, p.grad, state["exp_avg"], state["exp_avg_sq"], u, scratch,
-                               beta1, beta2, group["eps"], group["weight_decay"])
-                _pass2(p, u, ratio, group["lr"], scratch)
-        return loss
-
-    def _workspace(self, p: Tensor) -> tuple[Tensor, Tensor]:
-        """Two p-shaped temporaries (u and a scratch buffer), views of one reused buffer.
-
-        Allocating them per tensor and step cost more than all the arithmetic on CPU (the pages
-        of every fresh full-size tensor are faulted in again); the buffer costs 2x the largest
-        parameter, is not optimizer state and is not saved.
-        """
-        key = (p.device, p.dtype)
-        buf = self._workspaces.get(key)
-        if buf is None or buf.numel() < 2 * p.numel():
-            buf = self._workspaces[key] = torch.empty(2 * p.numel(), dtype=p.dtype, device=p.device)
-        n = p.numel()
-        return buf[:n].view(p.shape), buf[n:2 * n].view(p.shape)
+    def _update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+        elementwise = p.ndim >= 2 and not group["maxlamb"]
+        ratios = self._pass1(p, state, group, reduce="rows_cols" if elementwise else "tensor",
+                             l2=group["norm"] == "l2")
+        if elementwise:
+            rows, cols, whole = ratios
+            if group["weightwise_lower_bound"]:
+                # Fold b into the (short) row factor. NaN propagates through maximum; b is
+                # guarded only when every row is.
+                rows = torch.maximum(rows, whole)
+        else:
+            (rows,), cols = ratios, None
+        diagnose = self.diagnostics_requested
+        clipped = passes.apply_update(p, p.grad, rows, cols, lr=group["lr"], count=diagnose,
+                                      clip=group["elementwise_clip"] and not group["maxlamb"])
+        if diagnose:
+            self.record_diagnostics(group, index, **_trust_ratio_stats(rows, cols, p.numel()),
+                                    clip_fraction=clipped / p.numel())
 
 
-def _check_hyperparameters(h: dict) -> None:
-    lr, (beta1, beta2), eps, wd = h["lr"], h["betas"], h["eps"], h["weight_decay"]
-    # Written as "not (valid)" so that NaN is rejected too.
-    if not lr >= 0.0:
-        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-    for i, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in [0, 1))")
-    if not eps >= 0.0:
-        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
-    if not wd >= 0.0:
-        raise ValueError(f"Invalid weight_decay value: {wd} (must be >= 0)")
+def _trust_ratio_stats(rows: Tensor, cols: Tensor | None, numel: int) -> dict[str, Tensor]:
+    """Min, (lower) median and max of s over p's elements, without materialising s.
 
-
-def _pass1(p: Tensor, g: Tensor, m: Tensor, v: Tensor, u: Tensor, scratch: Tensor,
-           beta1: float, beta2: float, eps: float, wd: float) -> tuple[Tensor, ...]:
-    """Update m, v in place, write u into ``u``; return the ratio s (vectors) or its factors.
-
-    For a matrix the factors are ``(rows, cols)``: rows = max(r_i, b) of shape (R, 1, ...),
-    cols = c_j of shape (1, C, ...), so that s = max(rows, cols). NaN marks "s = 1" (zero guard).
+    s = max(rows_i, cols_j), or 1 where either is NaN (guarded); rows has shape (R, 1, *rest),
+    cols (1, C, *rest). The k-th smallest s is the smallest candidate x (a row or column factor,
+    or 1) with #{s <= x} >= k, and #{s <= x} = sum over the trailing index of
+    #{rows <= x} * #{cols <= x}, plus the guarded elements when x >= 1.
     """
-    m.lerp_(g, 1 - beta1)                          # m = b1*m + (1-b1)*g, in one pass
-    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
-    torch.sqrt(v, out=u).add_(eps)                 # no bias correction; eps outside the sqrt
-    torch.div(m, u, out=u)
-    if wd != 0:
-        u.add_(p, alpha=wd)                        # wd folded into u BEFORE the ratios
-    if p.ndim < 2:
-        # Vectors (biases, LayerNorm): the weight-wise ratio only.
-        return (_ratio(torch.abs(p, out=scratch).amax(), torch.abs(u, out=scratch).amax()),)
-    # Matrices: rows = dim 0, columns = dim 1; further dims are not reduced (spec), which matches
-    # the authors' amax(dim=1) / amax(dim=0). All maxima use p before this step's update.
-    torch.abs(p, out=scratch)
-    p_rows, p_cols = scratch.amax(1, keepdim=True), scratch.amax(0, keepdim=True)
-    torch.abs(u, out=scratch)
-    u_rows, u_cols = scratch.amax(1, keepdim=True), scratch.amax(0, keepdim=True)
-    b = _ratio(p_rows.amax(), u_rows.amax())       # weight-wise ratio from the row maxima
-    # s_ij = max(r_i, c_j, b): fold the lower bound b into the (small) row factor. NaN propagates
-    # through torch.maximum, so a zero guard on the row, the column or b forces s_ij = 1.
-    return torch.maximum(_ratio(p_rows, u_rows), b), _ratio(p_cols, u_cols)
-
-
-def _pass2(p: Tensor, u: Tensor, ratio: tuple[Tensor, ...], lr: float, scratch: Tensor) -> None:
-    """p = p - lr * clamp(s * u, -1, 1), consuming u."""
-    s = ratio[0] if len(ratio) == 1 else torch.maximum(*ratio, out=scratch)
-    # Zero guards: s = 1. nan_to_num also turns an overflowed ratio (finite/denormal) from inf
-    # into the largest finite value, which clips identically except that 0 * s stays 0, not NaN.
-    s.nan_to_num_(nan=1.0)
-    u.mul_(s).clamp_(-1.0, 1.0)                    # clip AFTER scaling, sign kept
-    p.add_(u, alpha=-lr)
-
-
-def _ratio(p_max: Tensor, u_max: Tensor) -> Tensor:
-    """p_max / u_max, NaN where either is 0 (the spec's "s = 1" guard; also hides x/0)."""
-    return (p_max / u_max).masked_fill_((p_max == 0) | (u_max == 0), float("nan"))
+    if cols is None:
+        s = rows.nan_to_num(nan=1.0)
+        return {"trust_ratio_min": s, "trust_ratio_median": s, "trust_ratio_max": s}
+    dtype = torch.promote_types(rows.dtype, torch.float32)
+    r = rows.movedim(0, -1).reshape(-1, rows.shape[0]).to(dtype)  # (K, R)
+    c = cols.movedim(1, -1).reshape(-1, cols.shape[1]).to(dtype)  # (K, C)
+    guarded = numel - ((~r.isnan()).sum(1) * (~c.isnan()).sum(1)).sum()
+    candidates = torch.cat([r.flatten(), c.flatten(), r.new_ones(1)]).nan_to_num(nan=1.0)
+    per_k = candidates.expand(r.shape[0], -1).contiguous()
+    # Guarded factors sort last as inf, so no finite candidate counts them.
+    r_sorted, c_sorted = (x.nan_to_num(nan=torch.inf).sort(1).values.contiguous() for x in (r, c))
+    at_most = (torch.searchsorted(r_sorted, per_k, right=True)
+               * torch.searchsorted(c_sorted, per_k, right=True)).sum(0) + (candidates >= 1) * guarded
+    kth = lambda k: torch.where(at_most >= k, candidates, torch.inf).amin()  # noqa: E731
+    return {"trust_ratio_min": kth(1), "trust_ratio_median": kth((numel + 1) // 2), "trust_ratio_max": kth(numel)}

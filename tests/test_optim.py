@@ -1,5 +1,6 @@
-"""Tests of optim/: MERIT against a naive transcription of optimizers.md, the shared param groups,
-the AdamW wiring and the registry."""
+"""Tests of optim/: MERIT (and its ablations) and LAMB against naive float64 transcriptions of
+optimizers.md, on both implementations of their passes (the C++ kernels and the torch fallback),
+their diagnostics, the shared param groups, the AdamW wiring and the registry."""
 import io
 import math
 
@@ -9,20 +10,39 @@ import torch
 from torch import nn
 
 import optim
-from optim import MERIT, param_groups
+from optim import LAMB, MERIT, param_groups, passes
 
 STEPS = 20
 
 
-class NaiveMERIT:
-    """optimizers.md's MERIT element by element in float64, written only from the spec."""
+@pytest.fixture(params=["kernels", "torch"])
+def path(request, monkeypatch):
+    """Run a test on the C++ kernels and on the torch fallback of optim/passes.py."""
+    if request.param == "kernels":
+        if not passes._extension():
+            pytest.skip("the C++ trust-ratio kernels could not be built here")
+    else:
+        monkeypatch.setattr(passes, "USE_EXTENSION", False)
+    return request.param
 
-    def __init__(self, p, lr, betas, eps, wd):
+
+class NaiveMERIT:
+    """optimizers.md's MERIT (and the ablations of MERIT's docstring) element by element in float64.
+
+    After each step, ``s`` holds that step's ratio per element and ``clipped`` the number of
+    elements with |s * u| > 1.
+    """
+
+    def __init__(self, p, lr, betas, eps, wd, maxlamb=False, elementwise_clip=True,
+                 weightwise_lower_bound=True, norm="max"):
         self.p = np.array(p, dtype=np.float64)
         self.m = np.zeros_like(self.p)
         self.v = np.zeros_like(self.p)
         self.lr, (self.b1, self.b2), self.eps, self.wd = lr, betas, eps, wd
-        self.clipped = self.total = 0
+        self.maxlamb, self.clip, self.lower_bound = maxlamb, elementwise_clip, weightwise_lower_bound
+        self.norm = (lambda xs: max(abs(x) for x in xs)) if norm == "max" else \
+            (lambda xs: math.sqrt(sum(x * x for x in xs)))
+        self.clipped = self.total_clipped = self.total = 0
 
     def step(self, g):
         p, m, v, shape = self.p, self.m, self.v, self.p.shape
@@ -31,27 +51,59 @@ class NaiveMERIT:
             m[i] = self.b1 * m[i] + (1 - self.b1) * g[i]
             v[i] = self.b2 * v[i] + (1 - self.b2) * g[i] * g[i]
             u[i] = m[i] / (math.sqrt(v[i]) + self.eps) + self.wd * p[i]
-        p_max = max(abs(x) for x in p.flat)
-        u_max = max(abs(x) for x in u.flat)
+        p_all, u_all = self.norm(p.flat), self.norm(u.flat)
+        self.s, self.clipped = np.zeros_like(p), 0
         new_p = p.copy()  # every ratio below reads p before this step's update
         for idx in np.ndindex(shape):
-            if p.ndim >= 2:
+            if p.ndim >= 2 and not self.maxlamb:
                 i, j, rest = idx[0], idx[1], idx[2:]
-                row_p = max(abs(p[(i, jj) + rest]) for jj in range(shape[1]))
-                row_u = max(abs(u[(i, jj) + rest]) for jj in range(shape[1]))
-                col_p = max(abs(p[(ii, j) + rest]) for ii in range(shape[0]))
-                col_u = max(abs(u[(ii, j) + rest]) for ii in range(shape[0]))
+                row_p = self.norm(p[(i, jj) + rest] for jj in range(shape[1]))
+                row_u = self.norm(u[(i, jj) + rest] for jj in range(shape[1]))
+                col_p = self.norm(p[(ii, j) + rest] for ii in range(shape[0]))
+                col_u = self.norm(u[(ii, j) + rest] for ii in range(shape[0]))
                 if 0 in (row_p, row_u, col_p, col_u):
                     s = 1.0
                 else:
-                    s = max(row_p / row_u, col_p / col_u, p_max / u_max)
+                    s = max(row_p / row_u, col_p / col_u, *([p_all / u_all] if self.lower_bound else []))
             else:
-                s = 1.0 if p_max == 0 or u_max == 0 else p_max / u_max
+                s = 1.0 if p_all == 0 or u_all == 0 else p_all / u_all
             x = s * u[idx]
+            self.s[idx] = s
             self.clipped += abs(x) > 1
-            self.total += 1
-            new_p[idx] = p[idx] - self.lr * min(max(x, -1.0), 1.0)
+            if self.clip and not self.maxlamb:
+                x = min(max(x, -1.0), 1.0)
+            new_p[idx] = p[idx] - self.lr * x
+        self.total_clipped, self.total = self.total_clipped + self.clipped, self.total + p.size
         self.p = new_p
+
+
+class NaiveLAMB:
+    """optimizers.md's LAMB (pytorch-lamb style) and LAMB's two options, in float64."""
+
+    def __init__(self, p, lr, betas, eps, wd, bias_correction=False, ratio_only_with_decay=False):
+        self.p = np.array(p, dtype=np.float64)
+        self.m = np.zeros_like(self.p)
+        self.v = np.zeros_like(self.p)
+        self.lr, (self.b1, self.b2), self.eps, self.wd = lr, betas, eps, wd
+        self.bias_correction, self.ratio_only_with_decay = bias_correction, ratio_only_with_decay
+        self.t = 0
+
+    def step(self, g):
+        p, m, v = self.p, self.m, self.v
+        self.t += 1
+        c1, c2 = (1 - self.b1 ** self.t, 1 - self.b2 ** self.t) if self.bias_correction else (1.0, 1.0)
+        u = np.zeros_like(p)
+        for i in np.ndindex(p.shape):
+            m[i] = self.b1 * m[i] + (1 - self.b1) * g[i]
+            v[i] = self.b2 * v[i] + (1 - self.b2) * g[i] * g[i]
+            u[i] = (m[i] / c1) / (math.sqrt(v[i] / c2) + self.eps) + self.wd * p[i]
+        w_norm = min(math.sqrt(sum(x * x for x in p.flat)), 10.0)
+        u_norm = math.sqrt(sum(x * x for x in u.flat))
+        if (self.ratio_only_with_decay and self.wd == 0) or w_norm == 0 or u_norm == 0:
+            self.ratio = 1.0
+        else:
+            self.ratio = w_norm / u_norm
+        self.p = p - self.lr * self.ratio * u
 
 
 def _case(name, gen):
@@ -59,6 +111,8 @@ def _case(name, gen):
     rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
     if name == "matrix":  # |s*u| <= |p|_max, so |p|_max > 1 is needed for the clip to act
         return 1.5 * rand(5, 7), [rand(5, 7) * (1 + k % 3) for k in range(STEPS)], 0.1
+    if name == "big_matrix":  # ||p||_2 > 10: LAMB's clamp of the weight norm acts
+        return 4 * rand(5, 7), [rand(5, 7) for _ in range(STEPS)], 0.1
     if name == "tall_matrix":
         return rand(6, 3), [rand(6, 3) for _ in range(STEPS)], 0.0
     if name == "vector":
@@ -96,18 +150,28 @@ def _case(name, gen):
     raise KeyError(name)
 
 
-CASES = ["matrix", "tall_matrix", "vector", "scalar", "zero_row_in_p_and_grad",
+CASES = ["matrix", "big_matrix", "tall_matrix", "vector", "scalar", "zero_row_in_p_and_grad",
          "zero_col_in_grad", "zero_matrix", "zero_bias", "tensor_3d"]
+MERIT_ABLATIONS = {
+    "merit": {},
+    "maxlamb": {"maxlamb": True},
+    "no_clip": {"elementwise_clip": False},
+    "no_lower_bound": {"weightwise_lower_bound": False},
+    "l2": {"norm": "l2"},
+    "l2_no_lower_bound_no_clip": {"norm": "l2", "weightwise_lower_bound": False, "elementwise_clip": False},
+    "maxlamb_l2": {"maxlamb": True, "norm": "l2"},
+}
+LAMB_OPTIONS = {
+    "lamb": {},
+    "bias_correction": {"bias_correction": True},
+    "ratio_only_with_decay": {"ratio_only_with_decay": True},
+}
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_merit_matches_naive_reference(name):
-    gen = torch.Generator().manual_seed(CASES.index(name))
-    p0, grads, wd = _case(name, gen)
-    lr, betas, eps = 0.05, (0.9, 0.95), 1e-6
+def _run_against_reference(make_opt, ref, p0, grads, every_step=None):
+    """Step the optimizer and the reference with the same gradients; compare p, m, v each step."""
     p = nn.Parameter(p0.clone())
-    opt = MERIT([p], lr=lr, betas=betas, eps=eps, weight_decay=wd)
-    ref = NaiveMERIT(p0.numpy(), lr, betas, eps, wd)
+    opt = make_opt([p])
     for g in grads:
         p.grad = g.clone()
         opt.step()
@@ -115,19 +179,57 @@ def test_merit_matches_naive_reference(name):
         state = opt.state[p]
         for ours, theirs in ((p, ref.p), (state["exp_avg"], ref.m), (state["exp_avg_sq"], ref.v)):
             assert np.abs(ours.detach().numpy() - theirs).max() <= 1e-10
-    assert state["step"].item() == STEPS
-    if name == "matrix":  # the clip must have been exercised both ways
-        assert 0 < ref.clipped < ref.total
+    assert state["step"].item() == len(grads)
+    return opt, p
 
 
-def test_merit_param_groups_use_their_own_hyperparameters():
+@pytest.mark.parametrize("ablation", MERIT_ABLATIONS)
+@pytest.mark.parametrize("name", CASES)
+def test_merit_and_ablations_match_naive_reference(name, ablation, path):
+    gen = torch.Generator().manual_seed(CASES.index(name))
+    p0, grads, wd = _case(name, gen)
+    lr, betas, eps, options = 0.05, (0.9, 0.95), 1e-6, MERIT_ABLATIONS[ablation]
+    ref = NaiveMERIT(p0.numpy(), lr, betas, eps, wd, **options)
+    _run_against_reference(lambda ps: MERIT(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, **options),
+                           ref, p0, grads)
+    if name == "matrix" and ablation == "merit":  # the clip must have been exercised both ways
+        assert 0 < ref.total_clipped < ref.total
+
+
+@pytest.mark.parametrize("option", LAMB_OPTIONS)
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("wd", [None, 0.0])  # None: the case's own weight decay
+def test_lamb_matches_naive_reference(name, option, wd, path):
+    gen = torch.Generator().manual_seed(CASES.index(name))
+    p0, grads, case_wd = _case(name, gen)
+    wd = case_wd if wd is None else wd
+    lr, betas, eps, options = 0.05, (0.9, 0.95), 1e-6, LAMB_OPTIONS[option]
+    ref = NaiveLAMB(p0.numpy(), lr, betas, eps, wd, **options)
+    _run_against_reference(lambda ps: LAMB(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, **options),
+                           ref, p0, grads)
+
+
+def test_lamb_defaults_and_zero_bias_moves():
+    opt = LAMB([nn.Parameter(torch.zeros(3))])
+    assert opt.defaults == {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0,
+                            "bias_correction": False, "ratio_only_with_decay": False}
+    # The zero guard: a zero-initialised bias gets ratio 1, so it does not stay frozen.
+    bias = opt.param_groups[0]["params"][0]
+    bias.grad = torch.ones(3)
+    opt.step()
+    assert torch.all(bias != 0)
+
+
+@pytest.mark.parametrize("cls", [MERIT, LAMB])
+def test_param_groups_use_their_own_hyperparameters(cls, path):
     gen = torch.Generator().manual_seed(100)
     (pa, ga, _), (pb, gb, _) = _case("matrix", gen), _case("vector", gen)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
-    opt = MERIT([{"params": [a], "weight_decay": 0.2, "lr": 0.03},
-                 {"params": [b], "betas": (0.8, 0.99), "eps": 1e-3}], lr=0.07, betas=(0.9, 0.95))
-    ref_a = NaiveMERIT(pa.numpy(), 0.03, (0.9, 0.95), 1e-6, 0.2)
-    ref_b = NaiveMERIT(pb.numpy(), 0.07, (0.8, 0.99), 1e-3, 0.0)
+    naive = NaiveMERIT if cls is MERIT else NaiveLAMB
+    opt = cls([{"params": [a], "weight_decay": 0.2, "lr": 0.03},
+               {"params": [b], "betas": (0.8, 0.99), "eps": 1e-3}], lr=0.07, betas=(0.9, 0.95))
+    ref_a = naive(pa.numpy(), 0.03, (0.9, 0.95), 1e-6, 0.2)
+    ref_b = naive(pb.numpy(), 0.07, (0.8, 0.99), 1e-3, 0.0)
     for k in range(STEPS):
         a.grad, b.grad = ga[k].clone(), gb[k].clone()
         opt.step()
@@ -138,26 +240,138 @@ def test_merit_param_groups_use_their_own_hyperparameters():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_merit_update_is_symmetric_under_transposition(dtype):
+def test_merit_update_is_symmetric_under_transposition(dtype, path):
     gen = torch.Generator().manual_seed(7)
     p0, grads, _ = _case("zero_row_in_p_and_grad", gen)
     p = nn.Parameter(p0.to(dtype))
     pt = nn.Parameter(p0.T.contiguous().to(dtype))
     opt = MERIT([p, pt], lr=0.05, betas=(0.9, 0.95), weight_decay=0.1)
     for g in grads:
-        p.grad, pt.grad = g.to(dtype), g.T.contiguous().to(dtype)
+        p.grad, pt.grad = g.to(dtype).clone(), g.T.contiguous().to(dtype)
         opt.step()
         assert torch.equal(pt, p.T)
 
 
-def test_merit_state_dict_round_trip_continues_bitwise():
+# The kernels against the fallback in the dtypes they serve, on shapes larger than a SIMD width
+# with guarded rows / columns: equal up to float rounding (a few ulp after several steps).
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("cls, options", [(MERIT, o) for o in MERIT_ABLATIONS.values()]
+                         + [(LAMB, o) for o in LAMB_OPTIONS.values()])
+def test_kernels_match_the_torch_fallback(cls, options, dtype, tol, monkeypatch):
+    if not passes._extension():
+        pytest.skip("the C++ trust-ratio kernels could not be built here")
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(67, 45), (45, 67), (300,), (5,), ()]
+    p0 = [torch.randn(s, generator=gen) for s in shapes]
+    p0[0][3], p0[0][:, 7], p0[2][:50] = 0, 0, 0
+    grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(5)]
+    for gs in grads:
+        gs[0][5] = 0  # with wd = 0 below: u's row 5 is 0
+        gs[1][:, 9] = 0
+    results = []
+    for use_extension in (True, False):
+        monkeypatch.setattr(passes, "USE_EXTENSION", use_extension)
+        params = [nn.Parameter(p.to(dtype)) for p in p0]
+        opt = cls([{"params": params[:1], "weight_decay": 0.0}, {"params": params[1:], "weight_decay": 0.1}],
+                  lr=0.1, **options)
+        for gs in grads:
+            for p, g in zip(params, gs):
+                p.grad = g.to(dtype, copy=True)  # the step consumes the gradient
+            opt.step()
+        results.append([(p, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]) for p in params])
+    for fast, slow in zip(*results):
+        for x, y in zip(fast, slow):
+            torch.testing.assert_close(x.float(), y.float(), rtol=tol, atol=tol * y.float().abs().max().item())
+
+
+def _stats(values):
+    """min, lower median (torch.median's), max."""
+    flat = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    return flat[0], flat[(flat.size - 1) // 2], flat[-1]
+
+
+@pytest.mark.parametrize("ablation", ["merit", "maxlamb", "no_lower_bound", "l2"])
+def test_merit_diagnostics_are_hand_computed_and_only_when_requested(ablation, path):
+    gen = torch.Generator().manual_seed(5)
+    names = ["zero_row_in_p_and_grad", "matrix", "tensor_3d", "vector", "zero_matrix"]
+    cases = [_case(name, gen) for name in names]
+    params = [nn.Parameter(p0.clone()) for p0, _, _ in cases]
+    options = MERIT_ABLATIONS[ablation]
+    opt = MERIT([{"params": [p], "names": [n], "weight_decay": wd} for p, n, (_, _, wd) in zip(params, names, cases)],
+                lr=0.05, betas=(0.9, 0.95), **options)
+    refs = [NaiveMERIT(p0.numpy(), 0.05, (0.9, 0.95), 1e-6, wd, **options) for p0, _, wd in cases]
+    for k in range(3):
+        for p, (_, grads, _) in zip(params, cases):
+            p.grad = grads[k].clone()
+        if k == 2:
+            opt.request_diagnostics()
+        opt.step()
+        for ref, (_, grads, _) in zip(refs, cases):
+            ref.step(grads[k].numpy())
+        diagnostics = opt.pop_diagnostics()
+        if k < 2:
+            assert diagnostics == {}
+    assert len(diagnostics) == 4 * len(names)
+    for name, ref in zip(names, refs):
+        expected = dict(zip(["trust_ratio_min", "trust_ratio_median", "trust_ratio_max"], _stats(ref.s)))
+        expected["clip_fraction"] = ref.clipped / ref.p.size
+        for stat, value in expected.items():
+            # pop_diagnostics returns float32 values
+            assert diagnostics[f"{stat}/{name}"] == pytest.approx(value, rel=1e-6), (stat, name)
+
+
+def test_merit_diagnostics_median_of_many_elements(path):
+    """s = max(r_i, c_j) over a larger matrix with ties and guards, against torch.median of s."""
+    gen = torch.Generator().manual_seed(9)
+    p = nn.Parameter(torch.randn(40, 30, generator=gen, dtype=torch.float64))
+    with torch.no_grad():
+        p[4], p[:, 6] = 0, 0
+    opt = MERIT([p], lr=0.01, weight_decay=0.0)
+    p.grad = torch.randn(40, 30, generator=gen, dtype=torch.float64)
+    p.grad[:, 11] = 0
+    ref = NaiveMERIT(p.detach().numpy(), 0.01, (0.9, 0.999), 1e-6, 0.0)
+    ref.step(p.grad.numpy())
+    opt.request_diagnostics()
+    opt.step()
+    got = opt.pop_diagnostics()
+    s = torch.from_numpy(ref.s)
+    assert got["trust_ratio_median/group0.0"] == pytest.approx(s.median().item(), rel=1e-6)  # float32 values
+    assert got["trust_ratio_min/group0.0"] == pytest.approx(s.min().item(), rel=1e-6)
+    assert got["trust_ratio_max/group0.0"] == pytest.approx(s.max().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("option", ["lamb", "ratio_only_with_decay"])
+def test_lamb_diagnostics_are_the_trust_ratio(option, path):
+    gen = torch.Generator().manual_seed(6)
+    names = ["big_matrix", "vector", "zero_bias"]
+    cases = [_case(name, gen) for name in names]
+    params = [nn.Parameter(p0.clone()) for p0, _, _ in cases]
+    wds = [0.1, 0.0, 0.0]
+    opt = LAMB([{"params": [p], "names": [n], "weight_decay": wd} for p, n, wd in zip(params, names, wds)],
+               lr=0.05, **LAMB_OPTIONS[option])
+    refs = [NaiveLAMB(p0.numpy(), 0.05, (0.9, 0.999), 1e-6, wd, **LAMB_OPTIONS[option])
+            for (p0, _, _), wd in zip(cases, wds)]
+    for p, ref, (_, grads, _) in zip(params, refs, cases):
+        p.grad = grads[0].clone()
+        ref.step(grads[0].numpy())
+    opt.request_diagnostics()
+    opt.step()
+    diagnostics = opt.pop_diagnostics()
+    expected = {f"trust_ratio/{n}": ref.ratio for n, ref in zip(names, refs)}
+    assert diagnostics == pytest.approx(expected, rel=1e-6)  # float32 values
+    assert refs[2].ratio == 1.0  # the zero-initialised bias is guarded
+
+
+@pytest.mark.parametrize("cls, options", [(MERIT, {}), (MERIT, {"norm": "l2", "maxlamb": True}),
+                                          (LAMB, {}), (LAMB, {"bias_correction": True})])
+def test_state_dict_round_trip_continues_bitwise(cls, options):
     gen = torch.Generator().manual_seed(3)
     shapes = [(5, 7), (7,), (3, 4, 2)]
     params = [nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
     grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(10)]
 
     def make(ps):
-        return MERIT([{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:]}], lr=0.01)
+        return cls([{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:]}], lr=0.01, **options)
 
     def step(opt, ps, gs):
         for p, g in zip(ps, gs):
@@ -172,6 +386,7 @@ def test_merit_state_dict_round_trip_continues_bitwise():
     clones = [nn.Parameter(p.detach().clone()) for p in params]
     resumed = make(clones)
     resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
+    assert all(resumed.param_groups[1][key] == value for key, value in options.items())
     for gs in grads[5:]:
         step(opt, params, gs)
         step(resumed, clones, gs)
@@ -183,6 +398,17 @@ def test_merit_state_dict_round_trip_continues_bitwise():
         assert resumed.state[q]["step"].item() == 10
 
 
+def test_merit_loads_a_checkpoint_saved_before_the_ablation_options():
+    p = nn.Parameter(torch.ones(2, 3))
+    opt = MERIT([p], lr=0.1, norm="l2")
+    saved = opt.state_dict()
+    for option in ("maxlamb", "elementwise_clip", "weightwise_lower_bound", "norm"):
+        del saved["param_groups"][0][option]
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["norm"] == "l2" and opt.param_groups[0]["maxlamb"] is False
+
+
+@pytest.mark.parametrize("cls", [MERIT, LAMB])
 @pytest.mark.parametrize("kwargs, bad", [
     ({"lr": -0.1}, "-0.1"),
     ({"lr": float("nan")}, "nan"),
@@ -191,19 +417,36 @@ def test_merit_state_dict_round_trip_continues_bitwise():
     ({"eps": -1e-8}, "-1e-08"),
     ({"weight_decay": -0.01}, "-0.01"),
 ])
-def test_merit_rejects_invalid_hyperparameters(kwargs, bad):
+def test_rejects_invalid_hyperparameters(cls, kwargs, bad):
     p = nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match=bad):
-        MERIT([p], **kwargs)
+        cls([p], **kwargs)
     with pytest.raises(ValueError, match=bad):  # a param group's own value is checked too
-        MERIT([{"params": [p], **kwargs}])
+        cls([{"params": [p], **kwargs}])
     with pytest.raises(ValueError, match=bad):
-        optim.build("merit", [p], **{"lr": 1e-3, **kwargs})
+        optim.build(cls.__name__.lower(), [p], **{"lr": 1e-3, **kwargs})
 
 
-def test_merit_skips_params_without_grad_and_rejects_sparse_grads():
+@pytest.mark.parametrize("cls, kwargs, bad", [
+    (MERIT, {"norm": "l1"}, "'l1'"),
+    (MERIT, {"maxlamb": "yes"}, "maxlamb: 'yes'"),
+    (MERIT, {"elementwise_clip": 0}, "elementwise_clip: 0"),
+    (MERIT, {"maxlamb": True, "weightwise_lower_bound": False}, "weightwise_lower_bound"),
+    (LAMB, {"bias_correction": None}, "bias_correction: None"),
+    (LAMB, {"ratio_only_with_decay": 1}, "ratio_only_with_decay: 1"),
+])
+def test_rejects_invalid_options(cls, kwargs, bad):
+    p = nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match=bad):
+        optim.build(cls.__name__.lower(), [p], lr=1e-3, **kwargs)
+    with pytest.raises(ValueError, match=bad):
+        cls([{"params": [p], **kwargs}])
+
+
+@pytest.mark.parametrize("cls", [MERIT, LAMB])
+def test_skips_params_without_grad_and_rejects_sparse_grads(cls):
     a, b = nn.Parameter(torch.ones(2, 3)), nn.Parameter(torch.ones(3))
-    opt = MERIT([a, b], lr=0.1)
+    opt = cls([a, b], lr=0.1)
     b.grad = torch.ones(3)
     opt.step()
     assert torch.equal(a, torch.ones(2, 3)) and a not in opt.state
@@ -211,6 +454,27 @@ def test_merit_skips_params_without_grad_and_rejects_sparse_grads():
     a.grad = torch.ones(2, 3).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         opt.step()
+
+
+def test_failed_build_falls_back_with_one_warning(monkeypatch):
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("long build log\n...\nError building extension 'nanomerit'")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    passes._extension.cache_clear()
+    try:
+        p = nn.Parameter(torch.ones(3, 4))
+        opt = MERIT([p], lr=0.1)
+        with pytest.warns(RuntimeWarning, match="could not be built.*Error building extension") as record:
+            for _ in range(2):
+                p.grad = torch.ones(3, 4)
+                opt.step()
+        assert len([w for w in record if "could not be built" in str(w.message)]) == 1
+        assert torch.all(p < 1)
+    finally:
+        passes._extension.cache_clear()  # later tests build (load) the kernels again
 
 
 class TinyGPT(nn.Module):
@@ -252,7 +516,7 @@ def test_param_groups_tied_embedding_once_and_membership(head_first):
     assert sorted(no_decay["names"]) == ["fc.bias", "ln.bias", "ln.weight"]
 
 
-@pytest.mark.parametrize("name", ["adamw", "merit"])
+@pytest.mark.parametrize("name", ["adamw", "lamb", "merit"])
 def test_both_groups_exist_even_when_one_is_empty(name):
     model = nn.LayerNorm(4)  # no matrix: the decay group is empty
     opt = optim.build(name, model, lr=1e-3, weight_decay=0.1)
@@ -269,7 +533,7 @@ def test_param_groups_leave_out_frozen_params():
     assert "wpe.weight" not in names and "wte.weight" in names
 
 
-@pytest.mark.parametrize("name", ["adamw", "merit"])
+@pytest.mark.parametrize("name", ["adamw", "lamb", "merit"])
 def test_built_optimizer_keeps_names_through_state_dict(name):
     model = TinyGPT()
     opt = optim.build(name, model, lr=1e-3, weight_decay=0.1)
@@ -320,11 +584,17 @@ def test_build_defaults_and_overrides():
     assert (adamw.defaults["betas"], adamw.defaults["eps"]) == ((0.9, 0.999), 1e-8)
     merit = optim.build("merit", model, lr=2e-4, betas=[0.9, 0.95], eps=1e-8)
     assert (merit.defaults["betas"], merit.defaults["eps"]) == ((0.9, 0.95), 1e-8)
+    lamb = optim.build("lamb", model, lr=2e-4, weight_decay=0.1, bias_correction=True)
+    assert isinstance(lamb, LAMB) and lamb.defaults["bias_correction"] is True
+    assert (lamb.defaults["betas"], lamb.defaults["eps"]) == ((0.9, 0.999), 1e-6)
+    # A config's optimizer_options select the ablations; every group gets them.
+    merit = optim.build("merit", model, lr=2e-4, maxlamb=True, norm="l2")
+    assert all(g["maxlamb"] is True and g["norm"] == "l2" for g in merit.param_groups)
 
 
 def test_build_rejects_unknown_names_and_options():
     model = TinyGPT()
-    with pytest.raises(ValueError, match="'unknown'.*adamw, merit"):
+    with pytest.raises(ValueError, match="'unknown'.*valid names: adamw, lamb, .*merit"):
         optim.build("unknown", model, lr=1e-3)
     with pytest.raises(ValueError, match="did you mean 'merit'"):
         optim.build("merti", model, lr=1e-3)

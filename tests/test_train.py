@@ -10,7 +10,9 @@ import time
 import pytest
 import torch
 
+from configs import load_config
 from conftest import ROOT, run_train
+from train import Trainer
 from training import checkpoint
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
@@ -30,9 +32,10 @@ def load_params(run_dir):
     return checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)["model"]
 
 
-@pytest.mark.parametrize("optimizer", ["merit", "adamw"])
+@pytest.mark.parametrize("optimizer", ["merit", "adamw", "lamb", "lion", "sophiag"])
 def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optimizer):
-    common = ("--max_steps=5", "--batch_size=4", "--micro_batch_size=2", f"--optimizer={optimizer}")
+    common = ("--max_steps=5", "--batch_size=4", "--micro_batch_size=2", f"--optimizer={optimizer}",
+              "--optimizer_options={'hessian_interval': 2}" if optimizer == "sophiag" else "--lr=0.01")
     run_train(*args(byte_shards, tmp_path, "--run_name=ddp", *common), nproc=2)  # accumulation 1
     run_train(*args(byte_shards, tmp_path, "--run_name=single", *common))  # accumulation 2
     ddp, single = load_params(tmp_path / "ddp"), load_params(tmp_path / "single")
@@ -129,3 +132,41 @@ def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     assert proc.returncode == 0, output
     state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
     assert 2 <= state["step"] < 100000 and "SIGTERM received" in output
+
+
+def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=7", "--batch_size=4",
+                                    "--micro_batch_size=2", "--log_interval=3",
+                                    "--optimizer_options={'hessian_interval': 3}"))
+    trainer = Trainer(config)
+    assert trainer.optimizer.batch_tokens == 4 * 32  # bs follows the global batch, not a constant
+    updates = []
+    original = trainer.optimizer.update_hessian
+
+    def recording_update():
+        updates.append(trainer.step)
+        hessian = [g.abs().sum() for g in (p.grad for p in trainer.model.parameters()) if g is not None]
+        assert torch.stack(hessian).sum() > 0  # the sampled-label gradient is there
+        original()
+
+    monkeypatch.setattr(trainer.optimizer, "update_hessian", recording_update)
+    trainer.train()
+    assert updates == [3, 6]
+    records = read_metrics(tmp_path / "default")
+    win_rates = [v for r in records for k, v in r.items() if k.startswith("win_rate/")]
+    assert win_rates and all(0.0 <= v <= 1.0 for v in win_rates)
+    assert 0 < max(win_rates)  # h > 0 after the first estimate
+    assert Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1",
+                                          "--batch_size=8", "--micro_batch_size=2"))).optimizer.batch_tokens == 8 * 32
+
+
+@pytest.mark.parametrize("optimizer, statistic", [("merit", "clip_fraction"), ("lamb", "trust_ratio"),
+                                                  ("adamw", "update_rms"), ("lion", "update_rms")])
+def test_optimizer_diagnostics_are_logged_per_layer(byte_shards, tmp_path, optimizer, statistic):
+    run_train(*args(byte_shards, tmp_path, f"--optimizer={optimizer}", "--max_steps=4", "--batch_size=2",
+                    "--micro_batch_size=2", "--log_interval=2"))
+    logged = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r]
+    assert [r["step"] for r in logged] == [2, 4]
+    for record in logged:
+        assert f"{statistic}/transformer.h.1.attn.c_attn.weight" in record

@@ -1,0 +1,145 @@
+"""The two streaming passes of the trust-ratio optimizers (MERIT, LAMB), fast on CPU.
+
+optimizers.md: the step is memory-bound, so each tensor is swept twice and nothing full-size is
+allocated:
+
+* ``moments_and_ratios`` (pass 1) reads p, g, m, v; writes m, v and the update direction
+  ``u = m * m_scale / (sqrt(v) * v_scale + eps) + wd * p`` INTO THE GRADIENT'S STORAGE (the grad is
+  consumed, as apex's FusedLAMB does with its update); returns trust ratios N(p) / N(u) with p
+  before the update and N the max norm or the l2 norm: of the whole tensor, or of each row (dim 0)
+  and each column (dim 1) of a matrix.
+* ``apply_update`` (pass 2) reads p and u, writes p: ``p -= lr * [clamp](s * u, -1, 1)`` with
+  ``s = max(rows_i, cols_j)`` (or one scalar).
+
+A ratio is NaN where N(p) or N(u) is 0: the zero guard, s = 1 in pass 2.
+
+CPU tensors of dtype float32 / bfloat16 / float64 (contiguous, one dtype, matrices 2-D) use the C++
+kernels in ``csrc/trust_ratio.cpp``: built on first use with ``torch.utils.cpp_extension.load`` into
+torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and
+reused from there; torch's build lock there makes concurrent ranks wait for one build. Anything
+else -- other dtypes or devices, tensors with more than 2 dims, a failed build (one warning), or
+``NANOMERIT_OPTIM_EXTENSION=0`` -- runs the torch fallback below, which is also the reference the
+kernels are tested against. On CUDA the fallback makes no host syncs but is unverified on a GPU
+here, and its pass 2 allocates one p-sized temporary for a matrix's s.
+"""
+import functools
+import math
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+# Tests flip this to compare the kernels against the fallback.
+USE_EXTENSION = os.environ.get("NANOMERIT_OPTIM_EXTENSION", "1") != "0"
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_SOURCE = Path(__file__).with_name("csrc") / "trust_ratio.cpp"
+
+
+def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
+                       eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
+                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
+    """Pass 1 (see the module docstring); g holds u on return. N(p) is clamped at ``max_p_norm``.
+
+    ``reduce``: "none" -> (); "tensor" -> (ratio,), 0-d; "rows_cols" (ndim >= 2) ->
+    (row ratios, column ratios, whole-tensor ratio): rows reduced over dim 1 and columns over
+    dim 0 with keepdim (further dims are not reduced), the whole ratio 0-d. In p's dtype.
+    """
+    rows_cols = reduce == "rows_cols"
+    if _fast(p, g, m, v, matrix=rows_cols):
+        ratios = torch.ops.nanomerit.moments_and_ratios(p, g, m, v, beta1, beta2, eps, wd, m_scale,
+                                                        v_scale, max_p_norm, rows_cols, l2)
+        return tuple(ratios) if reduce != "none" else ()
+    m.lerp_(g, 1 - beta1)                          # m = b1*m + (1-b1)*g, in one sweep
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
+    u = torch.sqrt(v, out=g)                       # eps outside the sqrt
+    if v_scale != 1:
+        u.mul_(v_scale)
+    torch.div(m, u.add_(eps), out=u)
+    if m_scale != 1:
+        u.mul_(m_scale)
+    if wd != 0:
+        u.add_(p, alpha=wd)                        # wd folded into u before any ratio
+    if reduce == "none":
+        return ()
+    norm = functools.partial(torch.linalg.vector_norm, ord=2 if l2 else math.inf)
+    if reduce == "tensor":
+        return (_ratio(norm(p), norm(u), max_p_norm),)
+    p_rows, u_rows = norm(p, dim=1, keepdim=True), norm(u, dim=1, keepdim=True)
+    return (_ratio(p_rows, u_rows, max_p_norm),
+            _ratio(norm(p, dim=0, keepdim=True), norm(u, dim=0, keepdim=True), max_p_norm),
+            _ratio(norm(p_rows), norm(u_rows), max_p_norm))  # the whole tensor's norms from its rows'
+
+
+def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
+                 clip: bool, count: bool) -> Tensor | None:
+    """Pass 2: ``p -= lr * [clamp](s * u, -1, 1)``; returns the number of |s * u| > 1 if ``count``.
+
+    ``rows`` None means s = 1; a 0-d ``rows`` with ``cols`` None is one s for the whole tensor;
+    else s = max(rows, cols) broadcast (rows (R, 1, ...), cols (1, C, ...)). NaN means s = 1.
+    Overwrites u.
+    """
+    if rows is None:
+        rows = torch.ones((), dtype=p.dtype, device=p.device)
+    if _fast(p, u, matrix=cols is not None):
+        compute = torch.float64 if p.dtype == torch.float64 else torch.float32
+        return torch.ops.nanomerit.apply_update(p, u, rows.to(compute), None if cols is None else cols.to(compute),
+                                                lr, clip, count)
+    s = rows if cols is None else torch.maximum(rows, cols)  # the one p-sized temporary
+    u.mul_(s.nan_to_num(nan=1.0))
+    clipped = (u.abs() > 1).sum() if count else None
+    if clip:
+        u.clamp_(-1.0, 1.0)                        # clip AFTER scaling, sign kept
+    p.add_(u, alpha=-lr)
+    return clipped
+
+
+def _ratio(p_norm: Tensor, u_norm: Tensor, max_p_norm: float) -> Tensor:
+    """min(p_norm, max_p_norm) / u_norm, NaN where either is 0; an overflow (finite / denormal)
+    becomes the largest finite value, so that a zero element of u still gets a zero update."""
+    p_norm = p_norm.clamp(max=max_p_norm)
+    ratio = (p_norm / u_norm).clamp_(max=torch.finfo(p_norm.dtype).max)
+    return ratio.masked_fill_((p_norm == 0) | (u_norm == 0), float("nan"))
+
+
+def _fast(p: Tensor, *others: Tensor, matrix: bool) -> bool:
+    """Whether the C++ kernels can take these tensors (and are built)."""
+    return (USE_EXTENSION and p.device.type == "cpu" and p.dtype in _KERNEL_DTYPES
+            and (p.dim() == 2 or not matrix) and p.is_contiguous()
+            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in others)
+            and _extension())
+
+
+@functools.cache
+def _extension() -> bool:
+    """Build (or reuse) and load the kernels once per process; False, with one warning, if that fails."""
+    from torch.utils import cpp_extension
+    # One build per instruction set, with the flags of the kernels torch itself picked for this CPU,
+    # so a shared cache never hands a machine code it cannot run.
+    isa = torch.backends.cpu.get_cpu_capability()
+    flags = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}.get(isa, [])
+    try:
+        _put_pip_ninja_on_path()
+        cpp_extension.load(f"nanomerit_trust_ratio_{isa.lower()}", [str(_SOURCE)], is_python_module=False,
+                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", *flags],
+                           extra_ldflags=["-fopenmp"])
+    except Exception as error:  # no compiler, no ninja, a read-only cache, ...
+        last_lines = " | ".join(str(error).strip().splitlines()[-3:])  # not the whole build log
+        warnings.warn(f"optim: the C++ trust-ratio kernels could not be built ({type(error).__name__}: "
+                      f"{last_lines}); MERIT and LAMB use the slower torch implementation",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def _put_pip_ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pip package installs it next to the interpreter."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
