@@ -180,7 +180,6 @@ def _run_against_reference(make_opt, ref, p0, grads, every_step=None):
         for ours, theirs in ((p, ref.p), (state["exp_avg"], ref.m), (state["exp_avg_sq"], ref.v)):
             assert np.abs(ours.detach().numpy() - theirs).max() <= 1e-10
     assert state["step"].item() == len(grads)
-    return opt, p
 
 
 @pytest.mark.parametrize("ablation", MERIT_ABLATIONS)
