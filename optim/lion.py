@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .adamw import update_rms_recorded
 from .diagnostics import DiagnosticsMixin
+from .hyperparameters import check_hyperparameters
 
 
 class SignOptimizer(DiagnosticsMixin, torch.optim.Optimizer):
@@ -45,16 +46,7 @@ class SignOptimizer(DiagnosticsMixin, torch.optim.Optimizer):
 
     @staticmethod
     def check_hyperparameters(h: dict) -> None:
-        """ValueError naming the bad value of lr, betas or weight_decay."""
-        lr, betas, wd = h["lr"], h["betas"], h["weight_decay"]
-        # Written as "not (valid)" so that NaN is rejected too.
-        if not lr >= 0.0:
-            raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in [0, 1))")
-        if not wd >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {wd} (must be >= 0)")
+        check_hyperparameters(h)
 
     @torch.no_grad()
     def step(self, closure=None):

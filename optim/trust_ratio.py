@@ -9,6 +9,7 @@ from torch import Tensor
 
 from . import passes
 from .diagnostics import DiagnosticsMixin
+from .hyperparameters import check_hyperparameters
 
 
 class TrustRatioOptimizer(DiagnosticsMixin, torch.optim.Optimizer):
@@ -38,17 +39,7 @@ class TrustRatioOptimizer(DiagnosticsMixin, torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def _check(self, h: dict) -> None:
-        lr, (beta1, beta2), eps, wd = h["lr"], h["betas"], h["eps"], h["weight_decay"]
-        # Written as "not (valid)" so that NaN is rejected too.
-        if not lr >= 0.0:
-            raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-        for i, beta in enumerate((beta1, beta2)):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in [0, 1))")
-        if not eps >= 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
-        if not wd >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {wd} (must be >= 0)")
+        check_hyperparameters(h)
         self._check_options(h)
 
     def _check_options(self, group: dict) -> None:
