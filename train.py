@@ -127,7 +127,8 @@ class Trainer:
                 interval_start = time.perf_counter()
             if self.step % config.eval_interval == 0 or final:
                 self.log({"val/loss": self.validation_loss()})
-            stop = distributed.any_rank(self.stop_requested, ctx)
+            # Ranks agree on a SIGTERM at log steps only: the agreement is a host sync.
+            stop = log_step and distributed.any_rank(self.stop_requested, ctx)
             interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
