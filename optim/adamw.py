@@ -4,12 +4,9 @@ Fused where torch has a fused kernel, else foreach. On torch 2.13 the fused Adam
 CPU and CUDA for every floating dtype (fp16, bf16, fp32, fp64; checked on CPU), so "allowed" is
 decided by device type and floating-point-ness alone.
 """
-import math
-from contextlib import contextmanager
-
 import torch
 
-from .diagnostics import DiagnosticsMixin
+from .diagnostics import DiagnosticsMixin, update_rms_recorded
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -38,25 +35,6 @@ def _unhooked(step):
     # torch wraps a class's step() in its hook-calling wrapper once an instance of the class is
     # built; calling that wrapper from our (also wrapped) step would run step hooks twice.
     return step.__wrapped__ if getattr(step, "hooked", False) else step
-
-
-@contextmanager
-def update_rms_recorded(optimizer: DiagnosticsMixin):
-    """Record ``update_rms`` (RMS of each parameter's change) over the enclosed step.
-
-    Generic, so it measures what the step really did (decay included, after rounding). It costs a
-    copy of the parameters, which is why optimizers enter it on requested steps only.
-    """
-    params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
-    before = [torch.empty_like(p) for p in params]
-    torch._foreach_copy_(before, params)
-    yield
-    norms = iter(torch._foreach_norm(torch._foreach_sub(params, before)))
-    for group in optimizer.param_groups:
-        for index, p in enumerate(group["params"]):
-            norm = next(norms)
-            if p.grad is not None:  # parameters without a gradient were not stepped
-                optimizer.record_diagnostics(group, index, update_rms=norm / math.sqrt(p.numel()))
 
 
 def _tensors(params):

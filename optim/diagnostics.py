@@ -8,6 +8,9 @@ no host synchronisation; on a requested step it records 0-d tensors per paramete
 Keys are ``"<statistic>/<parameter name>"`` (e.g. ``"clip_fraction/transformer.h.3.attn.c_attn.weight"``),
 so a dashboard shows each statistic as one panel group with a curve per layer.
 """
+import math
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -39,3 +42,22 @@ class DiagnosticsMixin:
             return {}
         values = torch.stack([v.to(next(iter(records.values())).device) for v in records.values()]).tolist()
         return dict(zip(records, values))
+
+
+@contextmanager
+def update_rms_recorded(optimizer: DiagnosticsMixin):
+    """Record ``update_rms`` (RMS of each parameter's change) over the enclosed step.
+
+    Generic, so it measures what the step really did (decay included, after rounding). It costs a
+    copy of the parameters, which is why optimizers enter it on requested steps only.
+    """
+    params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+    before = [torch.empty_like(p) for p in params]
+    torch._foreach_copy_(before, params)
+    yield
+    norms = iter(torch._foreach_norm(torch._foreach_sub(params, before)))
+    for group in optimizer.param_groups:
+        for index, p in enumerate(group["params"]):
+            norm = next(norms)
+            if p.grad is not None:  # parameters without a gradient were not stepped
+                optimizer.record_diagnostics(group, index, update_rms=norm / math.sqrt(p.numel()))

@@ -12,8 +12,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from .adamw import update_rms_recorded
-from .diagnostics import DiagnosticsMixin
+from .diagnostics import DiagnosticsMixin, update_rms_recorded
 from .hyperparameters import check_hyperparameters
 
 
