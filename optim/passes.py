@@ -13,29 +13,18 @@ allocated:
 
 A ratio is NaN where N(p) or N(u) is 0: the zero guard, s = 1 in pass 2.
 
-CPU tensors of dtype float32 / bfloat16 / float64 (contiguous, one dtype, matrices 2-D) use the C++
-kernels in ``csrc/trust_ratio.cpp``: built on first use with ``torch.utils.cpp_extension.load`` into
-torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and
-reused from there; torch's build lock there makes concurrent ranks wait for one build. Anything
-else -- other dtypes or devices, tensors with more than 2 dims, a failed build (one warning), or
-``NANOMERIT_OPTIM_EXTENSION=0`` -- runs the torch fallback below, which is also the reference the
-kernels are tested against. On CUDA the fallback makes no host syncs but is unverified on a GPU
-here, and its pass 2 allocates one p-sized temporary for a matrix's s.
+CPU tensors that optim/kernels.py accepts (matrices 2-D) use the C++ kernels of
+``csrc/trust_ratio.cpp``; anything else, tensors with more than 2 dims included, runs the torch
+fallback below, which is also the reference the kernels are tested against. On CUDA the fallback
+makes no host syncs, and its pass 2 allocates one p-sized temporary for a matrix's s.
 """
 import functools
 import math
-import os
-import shutil
-import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-# Tests flip this to compare the kernels against the fallback.
-USE_EXTENSION = os.environ.get("NANOMERIT_OPTIM_EXTENSION", "1") != "0"
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
-_SOURCE = Path(__file__).with_name("csrc") / "trust_ratio.cpp"
+from . import kernels
 
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
@@ -48,7 +37,7 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
     dim 0 with keepdim (further dims are not reduced), the whole ratio 0-d. In p's dtype.
     """
     rows_cols = reduce == "rows_cols"
-    if _fast(p, g, m, v, matrix=rows_cols):
+    if kernels.usable(p, g, m, v, matrix=rows_cols):
         ratios = torch.ops.nanomerit.moments_and_ratios(p, g, m, v, beta1, beta2, eps, wd, m_scale,
                                                         v_scale, max_p_norm, rows_cols, l2)
         return tuple(ratios) if reduce != "none" else ()
@@ -83,7 +72,7 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
     """
     if rows is None:
         rows = torch.ones((), dtype=p.dtype, device=p.device)
-    if _fast(p, u, matrix=cols is not None):
+    if kernels.usable(p, u, matrix=cols is not None):
         compute = torch.float64 if p.dtype == torch.float64 else torch.float32
         return torch.ops.nanomerit.apply_update(p, u, rows.to(compute), None if cols is None else cols.to(compute),
                                                 lr, clip, count)
@@ -102,44 +91,3 @@ def _ratio(p_norm: Tensor, u_norm: Tensor, max_p_norm: float) -> Tensor:
     p_norm = p_norm.clamp(max=max_p_norm)
     ratio = (p_norm / u_norm).clamp_(max=torch.finfo(p_norm.dtype).max)
     return ratio.masked_fill_((p_norm == 0) | (u_norm == 0), float("nan"))
-
-
-def _fast(p: Tensor, *others: Tensor, matrix: bool) -> bool:
-    """Whether the C++ kernels can take these tensors (and are built)."""
-    return (USE_EXTENSION and p.device.type == "cpu" and p.dtype in _KERNEL_DTYPES
-            and (p.dim() == 2 or not matrix) and p.is_contiguous()
-            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in others)
-            and _extension())
-
-
-@functools.cache
-def _extension() -> bool:
-    """Build (or reuse) and load the kernels once per process; False, with one warning, if that fails."""
-    from torch.utils import cpp_extension
-    # One build per instruction set, with the flags of the kernels torch itself picked for this CPU,
-    # so a shared cache never hands a machine code it cannot run.
-    isa = torch.backends.cpu.get_cpu_capability()
-    flags = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
-             "AVX2": ["-mavx2", "-mfma"]}.get(isa, [])
-    try:
-        _put_pip_ninja_on_path()
-        cpp_extension.load(f"nanomerit_trust_ratio_{isa.lower()}", [str(_SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", *flags],
-                           extra_ldflags=["-fopenmp"])
-    except Exception as error:  # no compiler, no ninja, a read-only cache, ...
-        last_lines = " | ".join(str(error).strip().splitlines()[-3:])  # not the whole build log
-        warnings.warn(f"optim: the C++ trust-ratio kernels could not be built ({type(error).__name__}: "
-                      f"{last_lines}); MERIT and LAMB use the slower torch implementation",
-                      RuntimeWarning, stacklevel=3)
-        return False
-    return True
-
-
-def _put_pip_ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH; the pip package installs it next to the interpreter."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"

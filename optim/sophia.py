@@ -11,6 +11,7 @@ and ``bs`` the tokens per optimizer step.
 import torch
 from torch import Tensor
 
+from . import kernels
 from .lion import SignOptimizer
 
 
@@ -87,14 +88,18 @@ class SophiaG(SignOptimizer):
         for state in states:
             state["step"] += 1
         exp_avgs = [state["exp_avg"] for state in states]
-        if wd != 0:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)       # m = b1*m + (1-b1)*g
-        for p, state in zip(params, states):
-            # sign(m) * min(|m| / d, 1) == clamp(m / d, -1, 1) bitwise for d > 0 (eps > 0): IEEE
-            # division is sign-symmetric, so one temporary does the work of three.
-            u = torch.mul(state["hessian"], scale, out=self.scratch(p)).add_(eps)
-            p.add_(torch.div(state["exp_avg"], u, out=u).clamp_(-1.0, 1.0), alpha=-lr)
+        if all(kernels.usable(p, g, s["exp_avg"], s["hessian"]) for p, g, s in zip(params, grads, states)):
+            for p, g, state in zip(params, grads, states):
+                torch.ops.nanomerit.sophia_step(p, g, state["exp_avg"], state["hessian"], lr, wd, beta1, scale, eps)
+        else:
+            if wd != 0:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)       # m = b1*m + (1-b1)*g
+            for p, state in zip(params, states):
+                # sign(m) * min(|m| / d, 1) == clamp(m / d, -1, 1) bitwise for d > 0 (eps > 0): IEEE
+                # division is sign-symmetric, so one temporary does the work of three.
+                u = torch.mul(state["hessian"], scale, out=self.scratch(p)).add_(eps)
+                p.add_(torch.div(state["exp_avg"], u, out=u).clamp_(-1.0, 1.0), alpha=-lr)
         if self.diagnostics_requested:
             for index, p in enumerate(group["params"]):
                 if p.grad is not None:

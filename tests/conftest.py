@@ -1,4 +1,5 @@
-"""Shared fixtures: a small byte-level corpus written as shards, and a runner for train.py."""
+"""Shared fixtures: a small byte-level corpus written as shards, a runner for train.py, and the
+two implementations of the optimizers' steps."""
 
 import os
 import random
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from data.shards import write_shard
+from optim import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king queen crown sword castle night morning river stone gold silver bright dark "
@@ -21,6 +23,17 @@ def make_text(n_sentences: int, seed: int) -> str:
     rng = random.Random(seed)
     return "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
                      for _ in range(n_sentences))
+
+
+@pytest.fixture(params=["kernels", "torch"])
+def path(request, monkeypatch):
+    """Run a test on the optimizers' C++ kernels (optim/kernels.py) and on their torch code."""
+    if request.param == "kernels":
+        if not kernels.built():
+            pytest.skip("the C++ optimizer kernels could not be built here")
+    else:
+        monkeypatch.setattr(kernels, "USE", False)
+    return request.param
 
 
 @pytest.fixture(scope="session")

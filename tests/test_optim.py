@@ -10,20 +10,9 @@ import torch
 from torch import nn
 
 import optim
-from optim import LAMB, MERIT, param_groups, passes
+from optim import LAMB, MERIT, kernels, param_groups
 
 STEPS = 20
-
-
-@pytest.fixture(params=["kernels", "torch"])
-def path(request, monkeypatch):
-    """Run a test on the C++ kernels and on the torch fallback of optim/passes.py."""
-    if request.param == "kernels":
-        if not passes._extension():
-            pytest.skip("the C++ trust-ratio kernels could not be built here")
-    else:
-        monkeypatch.setattr(passes, "USE_EXTENSION", False)
-    return request.param
 
 
 class NaiveMERIT:
@@ -257,8 +246,8 @@ def test_merit_update_is_symmetric_under_transposition(dtype, path):
 @pytest.mark.parametrize("cls, options", [(MERIT, o) for o in MERIT_ABLATIONS.values()]
                          + [(LAMB, o) for o in LAMB_OPTIONS.values()])
 def test_kernels_match_the_torch_fallback(cls, options, dtype, tol, monkeypatch):
-    if not passes._extension():
-        pytest.skip("the C++ trust-ratio kernels could not be built here")
+    if not kernels.built():
+        pytest.skip("the C++ optimizer kernels could not be built here")
     gen = torch.Generator().manual_seed(11)
     shapes = [(67, 45), (45, 67), (300,), (5,), ()]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
@@ -269,7 +258,7 @@ def test_kernels_match_the_torch_fallback(cls, options, dtype, tol, monkeypatch)
         gs[1][:, 9] = 0
     results = []
     for use_extension in (True, False):
-        monkeypatch.setattr(passes, "USE_EXTENSION", use_extension)
+        monkeypatch.setattr(kernels, "USE", use_extension)
         params = [nn.Parameter(p.to(dtype)) for p in p0]
         opt = cls([{"params": params[:1], "weight_decay": 0.0}, {"params": params[1:], "weight_decay": 0.1}],
                   lr=0.1, **options)
@@ -462,7 +451,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
         raise RuntimeError("long build log\n...\nError building extension 'nanomerit'")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    passes._extension.cache_clear()
+    kernels.built.cache_clear()
     try:
         p = nn.Parameter(torch.ones(3, 4))
         opt = MERIT([p], lr=0.1)
@@ -473,7 +462,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
         assert len([w for w in record if "could not be built" in str(w.message)]) == 1
         assert torch.all(p < 1)
     finally:
-        passes._extension.cache_clear()  # later tests build (load) the kernels again
+        kernels.built.cache_clear()  # later tests build (load) the kernels again
 
 
 class TinyGPT(nn.Module):

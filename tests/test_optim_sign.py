@@ -1,5 +1,6 @@
 """Tests of the sign-based optimizers (Lion, Sophia-G) against naive float64 transcriptions of
-optimizers.md, their diagnostics, AdamW's update_rms, state_dict round trips and build()."""
+optimizers.md on both implementations of their steps (the C++ kernels and torch), their
+diagnostics, AdamW's update_rms, state_dict round trips and build()."""
 import copy
 import io
 import math
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 import optim
-from optim import Lion, SophiaG
+from optim import Lion, SophiaG, kernels
 
 STEPS = 20
 
@@ -83,7 +84,7 @@ def _assert_close(ours, theirs):
     assert np.abs(ours.detach().numpy() - theirs).max() <= 1e-10
 
 
-def test_lion_matches_naive_reference():
+def test_lion_matches_naive_reference(path):
     (pa, pb), grads = _data(0)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
     opt = Lion(_groups(a, b), lr=0.05)
@@ -126,7 +127,7 @@ def _run_sophia(batch_tokens, interval=3, seed=1, steps=STEPS):
     return opt, (a, b), refs
 
 
-def test_sophia_matches_naive_reference_and_follows_batch_tokens():
+def test_sophia_matches_naive_reference_and_follows_batch_tokens(path):
     finals = []
     for batch_tokens in (64, 512, 4096):
         _, (a, b), refs = _run_sophia(batch_tokens)
@@ -137,7 +138,7 @@ def test_sophia_matches_naive_reference_and_follows_batch_tokens():
     assert not torch.equal(finals[0], finals[1]) and not torch.equal(finals[1], finals[2])
 
 
-def test_sophia_before_first_hessian_update_is_clipped_sign_momentum():
+def test_sophia_before_first_hessian_update_is_clipped_sign_momentum(path):
     p = nn.Parameter(torch.zeros(4, dtype=torch.float64))
     opt = SophiaG([p], lr=0.1, batch_tokens=1000)
     p.grad = torch.tensor([2.0, -3.0, 0.0, 1e-14], dtype=torch.float64)
@@ -154,7 +155,7 @@ def test_sophia_hessian_schedule(interval, expected):
     assert SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1).hessian_interval == 10
 
 
-def test_lion_diagnostics_are_hand_computed_and_only_when_requested():
+def test_lion_diagnostics_are_hand_computed_and_only_when_requested(path):
     (pa, pb), grads = _data(2)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
     opt = Lion(_groups(a, b), lr=0.05)
@@ -178,7 +179,7 @@ def test_lion_diagnostics_are_hand_computed_and_only_when_requested():
             assert diagnostics[f"update_rms/{name}"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_sophia_diagnostics_are_hand_computed():
+def test_sophia_diagnostics_are_hand_computed(path):
     opt, (a, b), refs = _run_sophia(512, steps=7)
     before = [ref.p.copy() for ref in refs]
     gen = torch.Generator().manual_seed(5)
@@ -233,6 +234,38 @@ def test_adamw_runs_step_hooks_once():
         p.grad = torch.ones(3)
         opt.step()
     assert calls == ["pre", "post"] * 2
+
+
+# The kernels against the torch code in the dtypes they serve, on tensors longer than a SIMD width
+# and than one thread's share, with decay and without, b1 on both sides of torch's lerp switch.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("name", ["lion", "sophiag"])
+def test_kernels_match_the_torch_code(name, dtype, tol, monkeypatch):
+    if not kernels.built():
+        pytest.skip("the C++ optimizer kernels could not be built here")
+    gen = torch.Generator().manual_seed(12)
+    shapes = [(67, 45), (70000,), (5,)]
+    p0 = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(6)]
+    results = []
+    for use in (True, False):
+        monkeypatch.setattr(kernels, "USE", use)
+        params = [nn.Parameter(p.to(dtype)) for p in p0]
+        groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "betas": (0.3, 0.9)}]
+        opt = (Lion(groups, lr=0.01) if name == "lion"
+               else SophiaG(groups, lr=0.01, batch_tokens=64, hessian_interval=2))
+        for k, gs in enumerate(grads):
+            for p, g in zip(params, gs):
+                p.grad = g.to(dtype)
+            opt.step()
+            if name == "sophiag" and opt.wants_hessian_update(k + 1):
+                for p, g in zip(params, gs):
+                    p.grad = g.to(dtype) * 0.1
+                opt.update_hessian()
+        results.append([(p, *(v for v in opt.state[p].values() if v.dim())) for p in params])
+    for fast, slow in zip(*results):
+        for x, y in zip(fast, slow):
+            torch.testing.assert_close(x.float(), y.float(), rtol=tol, atol=tol * y.float().abs().max().item())
 
 
 @pytest.mark.parametrize("name", ["adamw", "lion", "sophiag"])
