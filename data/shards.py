@@ -4,12 +4,14 @@ llm.c and modded-nanogpt load as they are.
 A shard is a header of 256 int32 (magic 20240520, version 1, token count, zeros) followed by the
 tokens as uint16. nanoGPT's header-less train.bin / val.bin (raw uint16) are read as well.
 """
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
 from data import atomic_open
+from data.assets import sha256_of
 
 MAGIC = 20240520
 VERSION = 1  # uint16 tokens; llm.c's version 2 (uint32, Llama 3) is not supported
@@ -19,16 +21,116 @@ NANOGPT_FILE_NAMES = ("train.bin", "val.bin")
 SPLITS = ("train", "val")
 
 
-def write_shard(path, tokens) -> None:
+def header(n_tokens: int) -> bytes:
+    values = np.zeros(HEADER_INTS, dtype="<i4")
+    values[:3] = MAGIC, VERSION, n_tokens
+    return values.tobytes()
+
+
+def as_uint16(tokens, where) -> np.ndarray:
+    """Token ids as little-endian uint16, or an error naming ``where`` if any does not fit."""
     tokens = np.asarray(tokens)
     if tokens.size and not (0 <= tokens.min() and tokens.max() < 2**16):
-        raise ValueError(f"cannot write {path}: token ids range over [{tokens.min()}, "
+        raise ValueError(f"cannot write {where}: token ids range over [{tokens.min()}, "
                          f"{tokens.max()}], but shards store uint16 ids in [0, 65536)")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = MAGIC, VERSION, tokens.size
+    return tokens.astype("<u2", copy=False)
+
+
+def write_shard(path, tokens) -> None:
+    tokens = as_uint16(tokens, path)
     with atomic_open(path) as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2", copy=False).tobytes())
+        f.write(header(tokens.size))
+        f.write(tokens.tobytes())
+
+
+class ShardWriter:
+    """Appends one split's token stream to shards of exactly ``shard_tokens`` tokens (the last one
+    may be shorter), named ``{split}_{index:06d}.bin``, resumably.
+
+    The open shard grows in ``{name}.partial`` (a header placeholder, then the tokens). A full
+    shard gets its header, is fsynced and renamed to its final name, so a shard under its final
+    name is always complete. ``checkpoint()`` fsyncs the open shard and returns the writer's state
+    (finished shards with token counts and sha256, tokens in the open shard); a writer built from
+    that state after a crash truncates the open shard back to it and continues exactly, whatever
+    was written after the checkpoint.
+    """
+
+    def __init__(self, out_dir, split: str, shard_tokens: int, state: dict | None = None):
+        if shard_tokens < 1:
+            raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+        self.out_dir, self.split, self.shard_tokens = Path(out_dir), split, shard_tokens
+        self.shards = list(state["shards"]) if state else []  # finished: {"file", "tokens", "sha256"}
+        open_tokens = state["open_tokens"] if state else 0
+        self._remove_later_shards()
+        path, partial = self._final_path(), self._partial_path()
+        if path.exists():  # finished after the checkpoint, before the next one was recorded
+            os.replace(path, partial)
+        checkpointed_bytes = HEADER_BYTES + 2 * open_tokens
+        if open_tokens and not (partial.exists() and partial.stat().st_size >= checkpointed_bytes):
+            raise ValueError(f"cannot resume writing {partial}: it is missing or shorter than the "
+                             f"{open_tokens:,} tokens checkpointed; prepare again with --force")
+        self.file = open(partial, "r+b" if open_tokens else "w+b")
+        self.file.truncate(checkpointed_bytes)  # a new shard: zeros, the header's placeholder
+        self.file.seek(0, os.SEEK_END)
+        self.open_tokens = open_tokens
+
+    @property
+    def tokens(self) -> int:
+        return sum(shard["tokens"] for shard in self.shards) + self.open_tokens
+
+    def append(self, tokens: np.ndarray) -> None:
+        tokens = as_uint16(tokens, f"the {self.split} shards in {self.out_dir}")
+        while tokens.size:
+            n = min(tokens.size, self.shard_tokens - self.open_tokens)
+            self.file.write(tokens[:n].tobytes())
+            self.open_tokens += n
+            tokens = tokens[n:]
+            if self.open_tokens == self.shard_tokens:
+                self._finish_shard()
+                self._open_next()
+
+    def checkpoint(self) -> dict:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        return {"shards": list(self.shards), "open_tokens": self.open_tokens}
+
+    def close(self) -> list[dict]:
+        """Finish the open shard (unless it is empty and others exist); the finished shards."""
+        if self.open_tokens or not self.shards:
+            self._finish_shard()
+        else:
+            self.file.close()
+            self._partial_path().unlink()
+        return self.shards
+
+    def _finish_shard(self) -> None:
+        self.file.seek(0)
+        self.file.write(header(self.open_tokens))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        path = self._final_path()
+        os.replace(self._partial_path(), path)
+        self.shards.append({"file": path.name, "tokens": self.open_tokens, "sha256": sha256_of(path)})
+
+    def _open_next(self) -> None:
+        self.open_tokens = 0
+        self.file = open(self._partial_path(), "w+b")
+        self.file.write(header(0))  # a placeholder until the shard is finished
+
+    def _final_path(self) -> Path:
+        return self.out_dir / f"{self.split}_{len(self.shards):06d}.bin"
+
+    def _partial_path(self) -> Path:
+        return self._final_path().with_name(self._final_path().name + ".partial")
+
+    def _remove_later_shards(self) -> None:
+        """Shards (finished or partial) past the open one are from after the checkpoint."""
+        pattern = re.compile(rf"{self.split}_(\d{{6}})\.bin(\.partial)?")
+        for path in self.out_dir.iterdir():
+            match = pattern.fullmatch(path.name)
+            if match and int(match.group(1)) > len(self.shards):
+                path.unlink()
 
 
 def open_shard(path) -> np.ndarray:

