@@ -73,13 +73,17 @@ class Trainer:
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
 
         block = self.model_config.block_size
-        self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block,
-                                        rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed)
-        self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block,
-                                      rank=self.ctx.rank, world_size=self.ctx.world_size)
+        # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
+        loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
+                              vocab_size=self.tokenizer.n_vocab)
+        self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
+                                        world_size=self.ctx.world_size, seed=config.seed, **loader_options)
+        self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block, rank=self.ctx.rank,
+                                      world_size=self.ctx.world_size, **loader_options)
         self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
         # A fixed batch for the max-attention-logit probe: the first validation sequences.
-        self.probe_batch = TokenLoader(config.data_dir, "val", config.probe_batch_size, block).next_batch()[0]
+        self.probe_batch = TokenLoader(config.data_dir, "val", config.probe_batch_size, block, prefetch=False,
+                                       **loader_options).next_batch()[0]
         self.total_steps, self.warmup_steps = config.steps(block)
         self.tokens_per_step = config.batch_size * block
         self.peak_flops = peak_flops(config, self.device)
@@ -291,16 +295,28 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.train_loader.load_state_dict(state["train_loader"])
         self.step = state["step"]
-        if len(state["rng"]) == self.ctx.world_size:
+        # Each rank continues its own RNG stream. On another number of ranks the batches are split
+        # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
+        # has no state for keeps the fresh state seeded by seed + rank in __init__.
+        saved_ranks = len(state["rng"])
+        if self.ctx.rank < saved_ranks:
             rng = state["rng"][self.ctx.rank]
             torch.set_rng_state(rng["cpu"])
             if rng["cuda"] is not None and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
-        elif self.ctx.is_main:
-            print(f"resuming on {self.ctx.world_size} ranks from a checkpoint of {len(state['rng'])}: the data "
-                  f"order continues exactly, dropout noise is freshly seeded")
+        if saved_ranks != self.ctx.world_size and self.ctx.is_main:
+            fresh = (f"; ranks {saved_ranks}..{self.ctx.world_size - 1} start fresh seed-derived RNG states"
+                     if self.ctx.world_size > saved_ranks else "")
+            print(f"resuming on {self.ctx.world_size} ranks from a checkpoint of {saved_ranks}: the global batches "
+                  f"continue exactly from the saved data position, dropout noise does not{fresh}")
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {state['code_version']})")
+
+    def close(self):
+        """Stop the loaders' prefetch threads and leave the process group."""
+        self.train_loader.close()
+        self.val_loader.close()
+        distributed.teardown(self.ctx)
 
     def _on_sigterm(self, signum, frame):
         self.stop_requested = True  # acted on at the end of the current step, on all ranks together
@@ -318,7 +334,7 @@ def main(argv: list[str]):
     try:
         trainer.train()
     finally:
-        distributed.teardown(trainer.ctx)
+        trainer.close()
 
 
 if __name__ == "__main__":

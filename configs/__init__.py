@@ -35,6 +35,7 @@ class TrainConfig:
     # --- data ---
     data_dir: str = "cache/data/shakespeare-byte"  # shards written by data/prepare.py
     tokenizer: str = "byte"  # "gpt2" or "byte"; must be the one the shards were made with
+    align_documents: bool = False  # start every train and val sequence at a document (its end-of-text token)
 
     # --- model: a GPTConfig preset, each field overridable (None keeps the preset's value) ---
     model: str = "nano"

@@ -7,27 +7,100 @@ from offset r * B * T, plus one token for the shifted targets. Batches simply ru
 shard and epoch boundaries, so no token is dropped, and the stream depends only on how many
 tokens were consumed: one rank doing two micro-steps sees the same tokens as two ranks doing
 one each, and a run can resume on another number of ranks from the same position.
+
+With align_documents, every row (a sequence of T + 1 tokens) starts at a document. Documents
+are preceded by the end-of-text token (llm.c's convention), so a global micro-step's
+world_size * B rows are laid out one after another from a cursor: row k starts at the first
+end-of-text token at or after the cursor and takes T + 1 tokens (running on into the next
+documents when its own is short; a long document is cut and the rest of it skipped), then the
+cursor moves to start + T. Rank r takes rows r * B .. r * B + B - 1. The position is the cursor
+after the micro-step, a stream offset equal on every rank, so the layout independence above
+holds here as well.
+
+Shards are checked lazily, once each: the first time a shard is used, its largest token is
+compared with the vocabulary and (aligned) its end-of-text positions are indexed. When reading
+enters a shard, a background thread asks the OS to bring the next one into the page cache and
+scans it, so a shard boundary does not stall a step. Batches never depend on that thread's
+timing: a scan is a pure function of the shard, and a scan still running is waited for.
 """
+import itertools
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from data.shards import list_shards, open_shard
 
+SCAN_CHUNK_TOKENS = 1 << 24  # scan in 32 MiB pieces: small temporaries even for a 9B-token train.bin
+
+
+class ShardScan(NamedTuple):
+    max_token: int | None  # None when no vocabulary check was asked for
+    eot_positions: np.ndarray | None  # sorted; None when documents are not aligned
+
+
+def scan_shard(tokens: np.ndarray, find_max: bool, eot_token: int | None) -> ShardScan:
+    """One pass over a shard, computing only what is asked for: its largest token and the
+    positions of eot_token."""
+    if not find_max and eot_token is None:
+        return ShardScan(None, None)
+    max_token, eot_chunks = -1, []
+    for start in range(0, len(tokens), SCAN_CHUNK_TOKENS):
+        chunk = tokens[start: start + SCAN_CHUNK_TOKENS]
+        if find_max:
+            max_token = max(max_token, int(chunk.max()))
+        if eot_token is not None:
+            eot_chunks.append(np.flatnonzero(chunk == eot_token) + start)
+    eot_positions = None
+    if eot_token is not None:
+        # int32 halves the index of llm.c shards, whose int32 headers cap them below 2^31 tokens.
+        dtype = np.int32 if len(tokens) < 2**31 else np.int64
+        eot_positions = np.concatenate(eot_chunks or [np.zeros(0, np.int64)]).astype(dtype)
+    return ShardScan(max_token if find_max else None, eot_positions)
+
+
+def advise_willneed(path) -> None:
+    """Ask the OS to start reading a file into the page cache. Only a hint: skipped where
+    posix_fadvise does not exist (macOS, Windows), and an error here is left to the real read."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        with open(path, "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+
 
 class TokenLoader:
     def __init__(self, data_dir, split: str, micro_batch_size: int, block_size: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0):
+                 rank: int = 0, world_size: int = 1, seed: int = 0,
+                 align_documents: bool = False, eot_token: int | None = None,
+                 vocab_size: int | None = None, prefetch: bool = True):
+        """align_documents: start every row at an eot_token (the token before each document).
+        vocab_size: refuse shards holding a token id >= vocab_size (None: no check).
+        prefetch: read and scan the next shard in a background thread."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if align_documents and eot_token is None:
+            raise ValueError("align_documents needs eot_token, the token that precedes each document")
+        self.data_dir = data_dir
         self.split = split
         self.micro_batch_size = micro_batch_size
         self.block_size = block_size
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
-        self.shards = [open_shard(path) for path in list_shards(data_dir, split)]
+        self.align_documents = align_documents
+        self.eot_token = eot_token
+        self.vocab_size = vocab_size
+        self.prefetch = prefetch
+        self.shard_paths = list_shards(data_dir, split)
+        self.shards = [open_shard(path) for path in self.shard_paths]
         self.shard_lengths = np.array([len(shard) for shard in self.shards], dtype=np.int64)
         self.split_tokens = int(self.shard_lengths.sum())
+        self.nonempty_shards = int(np.count_nonzero(self.shard_lengths))
         self.rank_tokens = micro_batch_size * block_size  # per rank and micro-step
         self.global_tokens = world_size * self.rank_tokens  # all ranks, one micro-step
         if self.split_tokens < self.global_tokens + 1:
@@ -37,8 +110,14 @@ class TokenLoader:
                 f"{micro_batch_size} x block_size {block_size} + 1 = {self.global_tokens + 1:,}. "
                 "Use a smaller batch or block size, or prepare more data."
             )
-        self.position = 0  # global tokens consumed, all ranks together, over all epochs
         self._layout_epoch = None
+        self._scans: dict[int, ShardScan] = {}  # by shard index, once computed and collected
+        self._pending_scans: dict[int, Future] = {}  # by shard index, submitted to the prefetcher
+        self._prefetcher: ThreadPoolExecutor | None = None  # started on the first prefetch
+        # Without a vocabulary check or an end-of-text index, a scan has nothing to compute.
+        self._scan_needed = vocab_size is not None or align_documents
+        self._aligned_rows = None  # (position, row starts, next position), for the next micro-step
+        self.seek(0)
 
     @property
     def epoch(self) -> int:
@@ -46,46 +125,155 @@ class TokenLoader:
 
     @property
     def next_offset(self) -> int:
-        """Stream offset of this rank's next batch: the same tokens have the same offset whatever
-        the number of ranks (used to seed per-batch randomness independently of the layout)."""
+        """Stream offset of this rank's next batch (its first row): the same tokens have the same
+        offset whatever the number of ranks (used to seed per-batch randomness independently of
+        the layout)."""
+        if self.align_documents:
+            row_starts, _ = self.next_aligned_rows()
+            return row_starts[self.rank * self.micro_batch_size]
         return self.position + self.rank * self.rank_tokens
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each int64 of shape (micro_batch_size, block_size); y is x shifted by one."""
+        if self.align_documents:
+            row_starts, next_position = self.next_aligned_rows()
+            first = self.rank * self.micro_batch_size
+            rows = torch.from_numpy(np.stack([self.read(start, self.block_size + 1)
+                                              for start in row_starts[first: first + self.micro_batch_size]]))
+            self.position = next_position
+            return rows[:, :-1], rows[:, 1:]
         tokens = torch.from_numpy(self.read(self.next_offset, self.rank_tokens + 1))
         self.position += self.global_tokens
         shape = (self.micro_batch_size, self.block_size)
         return tokens[:-1].view(shape), tokens[1:].view(shape)
+
+    def next_aligned_rows(self) -> tuple[list[int], int]:
+        """Stream offsets where the next global micro-step's rows start (all ranks' rows, as every
+        rank needs the cursor after them), and that cursor: the position after the micro-step."""
+        if self._aligned_rows is None or self._aligned_rows[0] != self.position:
+            row_starts, cursor = [], self.position
+            for _ in range(self.world_size * self.micro_batch_size):
+                row_starts.append(self.next_document_start(cursor))
+                cursor = row_starts[-1] + self.block_size
+            self._aligned_rows = (self.position, row_starts, cursor)
+        return self._aligned_rows[1], self._aligned_rows[2]
+
+    def next_document_start(self, offset: int) -> int:
+        """Stream offset of the first end-of-text token at or after `offset`."""
+        for shards_searched in itertools.count(1):
+            shard, shard_start = self.shard_at(offset)
+            eot_positions = self.scan(shard).eot_positions
+            i = int(np.searchsorted(eot_positions, offset - shard_start))
+            if i < len(eot_positions):
+                return shard_start + int(eot_positions[i])
+            # Searching on without end means the split has no document start at all: check that
+            # once, when the search has crossed as many shards as there are.
+            if shards_searched == self.nonempty_shards and not any(
+                    len(self.scan(s).eot_positions) for s in range(len(self.shards))):
+                raise ValueError(
+                    f"align_documents: the {self.split!r} split of {self.data_dir} contains no "
+                    f"end-of-text token (id {self.eot_token}), so no row can start at a document. "
+                    "The shards were made with another tokenizer or without document separators: "
+                    "re-prepare them with data/prepare.py, or set align_documents=False."
+                )
+            offset = shard_start + len(self.shards[shard])
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Tokens [start, start + count) of the endless stream, as int64."""
         out = np.empty(count, dtype=np.int64)
         filled = 0
         while filled < count:
-            epoch, offset = divmod(start + filled, self.split_tokens)
-            order, shard_ends = self.epoch_layout(epoch)
-            i = int(np.searchsorted(shard_ends, offset, side="right"))  # skips empty shards
-            shard = self.shards[order[i]]
-            local = offset - (shard_ends[i] - len(shard))
-            n = min(count - filled, len(shard) - local)
-            out[filled: filled + n] = shard[local: local + n]
+            shard, shard_start = self.shard_at(start + filled)
+            local = start + filled - shard_start
+            n = min(count - filled, len(self.shards[shard]) - local)
+            out[filled: filled + n] = self.shards[shard][local: local + n]
             filled += n
         return out
+
+    def shard_at(self, offset: int) -> tuple[int, int]:
+        """(index, stream offset of its first token) of the shard holding stream offset `offset`.
+        Checks the shard's tokens on its first use; the first time reading gets into a shard,
+        prefetches the shard after it."""
+        epoch, epoch_offset = divmod(offset, self.split_tokens)
+        order, shard_ends = self.epoch_layout(epoch)
+        i = int(np.searchsorted(shard_ends, epoch_offset, side="right"))  # skips empty shards
+        shard = int(order[i])
+        shard_end = epoch * self.split_tokens + int(shard_ends[i])
+        if self.prefetch and shard_end > self._furthest_shard_end:
+            self._furthest_shard_end = shard_end
+            self.prefetch_shard(self.shard_after(epoch, i))
+        self.check_vocabulary(shard)
+        return shard, shard_end - len(self.shards[shard])
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        if self.split == "train":
+            return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+        return np.arange(len(self.shards))
 
     def epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The shard order of an epoch and the stream offset where each of its shards ends."""
         if self._layout_epoch != epoch:
-            if self.split == "train":
-                order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
-            else:
-                order = np.arange(len(self.shards))
+            order = self.shard_order(epoch)
             self._layout = order, np.cumsum(self.shard_lengths[order])
             self._layout_epoch = epoch
         return self._layout
 
+    def shard_after(self, epoch: int, i: int) -> int:
+        """The next non-empty shard in stream order after the i-th shard of an epoch (the first
+        of the next epoch after the last)."""
+        following = itertools.chain(self.epoch_layout(epoch)[0][i + 1:], self.shard_order(epoch + 1))
+        return next(int(shard) for shard in following if self.shard_lengths[shard])
+
+    # --- shard checks and prefetching ---
+    def scan(self, shard: int) -> ShardScan:
+        """The shard's scan, computed once: collected from the prefetcher if it started it."""
+        if shard not in self._scans:
+            pending = self._pending_scans.pop(shard, None)
+            self._scans[shard] = pending.result() if pending else self._scan_now(shard)
+        return self._scans[shard]
+
+    def _scan_now(self, shard: int) -> ShardScan:
+        return scan_shard(self.shards[shard], find_max=self.vocab_size is not None,
+                          eot_token=self.eot_token if self.align_documents else None)
+
+    def check_vocabulary(self, shard: int) -> None:
+        if self.vocab_size is None:
+            return
+        max_token = self.scan(shard).max_token
+        if max_token >= self.vocab_size:
+            raise ValueError(
+                f"shard {self.shard_paths[shard]} holds token id {max_token}, but the tokenizer "
+                f"has only {self.vocab_size} tokens (ids 0..{self.vocab_size - 1}): the data was "
+                "prepared with another tokenizer. Re-prepare it with `python data/prepare.py "
+                "--tokenizer NAME ...` naming this run's tokenizer, or set the config's tokenizer "
+                "to the one the data was made with."
+            )
+
+    def prefetch_shard(self, shard: int) -> None:
+        """Bring a shard into the page cache and scan it, in the background."""
+        if self._prefetcher is None:
+            self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prefetch-{self.split}")
+        self._prefetcher.submit(advise_willneed, self.shard_paths[shard])
+        if self._scan_needed and shard not in self._scans and shard not in self._pending_scans:
+            self._pending_scans[shard] = self._prefetcher.submit(self._scan_now, shard)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (it also ends when the loader is garbage collected); the
+        loader stays usable and starts a new one if it prefetches again."""
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True, cancel_futures=True)
+            self._prefetcher = None
+        self._pending_scans.clear()
+
+    # --- position ---
+    def seek(self, position: int) -> None:
+        self.position = position  # global tokens consumed, all ranks together, over all epochs
+        # Where the furthest shard entered since the seek ends: getting past it prefetches.
+        self._furthest_shard_end = -1
+
     def reset(self) -> None:
         """Back to the start of the stream (e.g. to evaluate on the same val tokens each time)."""
-        self.position = 0
+        self.seek(0)
 
     def state_dict(self) -> dict:
         return {"position": self.position, "epoch": self.epoch, "seed": self.seed,
@@ -100,4 +288,4 @@ class TokenLoader:
                     f"loader has {key}={getattr(self, key)}: the data or the seed changed, so "
                     "the saved position does not point at the same tokens"
                 )
-        self.position = int(state["position"])
+        self.seek(int(state["position"]))

@@ -65,6 +65,36 @@ def test_resume_continues_bitwise(byte_shards, tmp_path):
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
+def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(byte_shards, tmp_path):
+    # Aligned rows follow a cursor through the global stream: the strictest test of its position.
+    common = ("--max_steps=6", "--batch_size=4", "--micro_batch_size=2", "--align_documents=True")
+    run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common), nproc=2)
+    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=3"), nproc=2)
+    resumed = run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))  # accumulation 2
+    assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
+
+    straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
+    assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 7))
+    for key in ("train/loss", "val/loss"):
+        assert [r[key] for r in split if key in r] == pytest.approx([r[key] for r in straight if key in r], abs=1e-5)
+    a, b = checkpoint.load(tmp_path / "straight" / "ckpt.pt"), checkpoint.load(tmp_path / "split" / "ckpt.pt")
+    assert a["train_loader"] == b["train_loader"]
+    for name in a["model"]:
+        torch.testing.assert_close(a["model"][name], b["model"][name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1",
+                                             "--batch_size=2", "--micro_batch_size=2")))
+    eot = trainer.tokenizer.eot_token
+    for loader in (trainer.train_loader, trainer.val_loader):
+        assert loader.align_documents and loader.eot_token == eot and loader.vocab_size == trainer.tokenizer.n_vocab
+        assert (loader.next_batch()[0][:, 0] == eot).all()
+    assert (trainer.probe_batch[:, 0] == eot).all()
+    trainer.close()
+
+
 def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
     run_train(*args(byte_shards, tmp_path, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2"))
     state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
