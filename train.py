@@ -136,6 +136,9 @@ class Trainer:
             interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
+            if config.zero_shot_tasks and (final or config.zero_shot_interval
+                                           and self.step % config.zero_shot_interval == 0):
+                self.zero_shot()
             if stop:
                 tqdm.write(f"rank {ctx.rank}: SIGTERM received, saved step {self.step}, exiting")
                 break
@@ -242,7 +245,7 @@ class Trainer:
             self.latest.update(record)
             # The console gets the run-level numbers; per-parameter series go to the logs only.
             tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-                                if "/" not in k or k.startswith(("train/", "val/"))))
+                                if "/" not in k or k.startswith(("train/", "val/", "zero_shot/"))))
             if any(k.startswith("max_logit/") for k in record):
                 tqdm.write("  max attention logit per layer: " + " ".join(
                     f"{record[k]:.2f}" for k in sorted(record) if k.startswith("max_logit/")))
@@ -284,6 +287,23 @@ class Trainer:
                 "train_loader": self.train_loader.state_dict(), "config": self.config.to_dict(),
                 "code_version": checkpoint.code_version(),
             }, self.run_dir / checkpoint.CHECKPOINT_NAME)
+        distributed.barrier(self.ctx)
+
+    def zero_shot(self):
+        """Run the configured zero-shot tasks (eval/) on the current weights on rank 0, and log
+        every metric as zero_shot/<task>/<metric>."""
+        if self.ctx.is_main:
+            from eval import evaluate
+            from eval.scorer import Scorer
+            from eval.tasks import resolve
+            scorer = Scorer(self.model, self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
+                            show_progress=False)
+            output = evaluate(scorer, resolve(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
+                              limit=self.config.zero_shot_limit)
+            self.model.train()  # the scorer puts the model in eval mode
+            self.log({f"zero_shot/{task}/{metric}": value for task, summary in output["results"].items()
+                      for metric, value in summary.items()
+                      if metric not in ("version", "n", "seconds") and value is not None})
         distributed.barrier(self.ctx)
 
     def restore(self):

@@ -85,6 +85,12 @@ class TrainConfig:
     wandb_entity: str | None = None
     wandb_group: str | None = None
 
+    # --- zero-shot evaluation (eval/) of the checkpoints ---
+    zero_shot_tasks: str = ""  # tasks and groups, e.g. "lambada_openai,hellaswag" or "paper"; "": none
+    zero_shot_interval: int = 0  # also every this many steps (where a checkpoint is saved); 0: final only
+    zero_shot_data_dir: str | None = None  # local task files <dir>/<task>.jsonl|.parquet; None: the HF hub
+    zero_shot_limit: int | None = None  # only the first N examples of each task
+
     # --- system ---
     device: str = "auto"  # "auto", "cpu", "cuda"
     dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
@@ -104,6 +110,8 @@ class TrainConfig:
                f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
         _check(0.0 <= self.min_lr <= self.lr, f"min_lr={self.min_lr} must lie in [0, lr={self.lr}]")
         _check(self.log_interval > 0 and self.eval_interval > 0, "log_interval and eval_interval must be > 0")
+        _check(self.zero_shot_interval >= 0 and (self.zero_shot_limit is None or self.zero_shot_limit > 0),
+               "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
 
     # --- derived quantities (one place for each) ---
     def model_config(self, n_vocab: int) -> GPTConfig:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from model import GPT, GPTConfig
+
 CHECKPOINT_NAME = "ckpt.pt"
 FORMAT_VERSION = 1
 
@@ -59,3 +61,28 @@ def check_compatible(saved: dict, model_args: dict, config: dict, path: Path):
     if mismatches:
         raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
                          f"resume with the checkpoint's settings or start a new run_name")
+
+
+def load_model(path, map_location="cpu") -> tuple[GPT, dict]:
+    """(GPT, checkpoint state): the model a checkpoint holds, in eval mode, and the whole state
+    (step, config, ...). A model saved from a torch.compile'd or DDP module loads too."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    state = load(path, map_location=map_location)
+    if not isinstance(state.get("model"), dict) or not isinstance(state.get("model_args"), dict):
+        raise ValueError(f"checkpoint {path} holds no model (no 'model' and 'model_args' entries)")
+    try:
+        config = GPTConfig(**state["model_args"])
+    except TypeError as e:
+        raise ValueError(f"checkpoint {path} has model_args this code does not know ({e})") from e
+    weights = {}
+    for key, tensor in state["model"].items():
+        while key.startswith(("_orig_mod.", "module.")):
+            key = key.split(".", 1)[1]
+        weights[key] = tensor
+    model = GPT(config)
+    model.load_state_dict(weights)
+    if isinstance(map_location, (str, torch.device)):
+        model.to(map_location)
+    return model.eval(), state

@@ -1,0 +1,61 @@
+"""Zero-shot evaluation with lm-evaluation-harness 0.4.x's scoring, on our own models.
+
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper [--data-dir DIR] [--out results.json]
+
+eval/tasks.py defines the tasks (prompts, choices, metrics as the harness's YAMLs have them),
+eval/scorer.py computes log-likelihoods as the harness's HF backend does, and ``evaluate`` runs
+tasks through the scorer. eval/harness.py lets the harness itself run on our checkpoints.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # eval.tasks imports datasets: not needed to import the package
+    from eval.scorer import Scorer
+    from eval.tasks import Task
+
+
+def evaluate(scorer: Scorer, tasks: list[Task], data_dir=None, limit: int | None = None,
+             log_samples: bool = False) -> dict:
+    """{"results": {task: {metric: value, metric_stderr: value, "n": ..., "version": ...}},
+    "samples": {task: [per-example records]} if log_samples}."""
+    results, samples = {}, {}
+    for task in tasks:
+        start = time.perf_counter()
+        docs = task.load_docs(data_dir, limit)
+        requests = [task.requests(doc) for doc in docs]
+        flat = [request for doc_requests in requests for request in doc_requests]
+        if task.kind == "rolling":
+            outputs = iter(scorer.loglikelihood_rolling(flat, desc=task.name))
+        else:
+            outputs = iter(scorer.loglikelihood(flat, desc=task.name))
+        per_doc = [[next(outputs) for _ in doc_requests] for doc_requests in requests]
+        processed = [task.process(doc, doc_results) for doc, doc_results in zip(docs, per_doc)]
+        summary = {"version": task.version, "n": len(docs)}
+        for metric in task.metrics:
+            values = [p[metric] for p in processed]
+            summary[metric] = task.aggregate(metric, values)
+            summary[f"{metric}_stderr"] = task.stderr(metric, values)
+        summary["seconds"] = time.perf_counter() - start
+        results[task.name] = summary
+        if log_samples:
+            samples[task.name] = [
+                {"doc_id": i, "requests": doc_requests, "results": doc_results, "metrics": p}
+                for i, (doc_requests, doc_results, p) in enumerate(zip(requests, per_doc, processed))]
+    return {"results": results, **({"samples": samples} if log_samples else {})}
+
+
+def format_table(results: dict) -> str:
+    """The results as a plain-text table: task, version, n, metric, value, stderr."""
+    rows = [("task", "version", "n", "metric", "value", "stderr")]
+    for name, summary in results.items():
+        metrics = [k for k in summary if k not in ("version", "n", "seconds") and not k.endswith("_stderr")]
+        for i, metric in enumerate(metrics):
+            stderr = summary[f"{metric}_stderr"]
+            rows.append((name if i == 0 else "", str(summary["version"]) if i == 0 else "",
+                         str(summary["n"]) if i == 0 else "", metric, f"{summary[metric]:.4f}",
+                         "N/A" if stderr is None or math.isnan(stderr) else f"{stderr:.4f}"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

@@ -1,0 +1,69 @@
+"""python -m eval: zero-shot tasks on a checkpoint of train.py (or a Hugging Face GPT-2 folder).
+
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks lambada_openai,hellaswag,superglue
+    python -m eval --hf path/to/gpt2 --tasks paper --data-dir tasks/ --out results.json
+
+Task data comes from the Hugging Face hub through `datasets`, or with --data-dir from local
+files <DIR>/<task>.jsonl or .parquet in the hub's schema. Prints a table and writes a JSON file
+with every metric, its stderr, n, the task versions, the tokenizer, the checkpoint's step and
+the exact configuration; --log-samples adds every example's requests and log-likelihoods.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from data import atomic_open
+from data.tokenizer import get_tokenizer
+from eval import evaluate, format_table
+from eval.scorer import Scorer
+from eval.tasks import resolve
+from model import GPT
+from training.checkpoint import load_model
+
+
+def load(args) -> tuple[GPT, str, dict]:
+    """(model, tokenizer name, description of where it came from)."""
+    if args.hf:
+        return GPT.from_hf(args.hf), "gpt2", {"hf": str(args.hf)}
+    model, state = load_model(Path(args.ckpt))
+    return model, state["config"]["tokenizer"], {"ckpt": str(args.ckpt), "step": state["step"],
+                                                 "train_config": state["config"]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ckpt", help="a checkpoint written by train.py (RUN/ckpt.pt)")
+    source.add_argument("--hf", help="a Hugging Face GPT2LMHeadModel folder (e.g. OpenAI's GPT-2)")
+    parser.add_argument("--tasks", required=True, help="comma-separated tasks and groups (superglue, paper)")
+    parser.add_argument("--data-dir", help="local task files <DIR>/<task>.jsonl|.parquet instead of the hub")
+    parser.add_argument("--limit", type=int, help="only the first N examples of each task")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, help="results JSON (default: results.json next to --ckpt)")
+    parser.add_argument("--log-samples", action="store_true", help="add per-example log-likelihoods to the JSON")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
+        parser.error("--batch-size and --limit must be positive")
+
+    tasks = resolve(args.tasks)
+    model, tokenizer_name, source_info = load(args)
+    scorer = Scorer(model.to(args.device), get_tokenizer(tokenizer_name), batch_size=args.batch_size,
+                    device=args.device)
+    output = evaluate(scorer, tasks, data_dir=args.data_dir, limit=args.limit, log_samples=args.log_samples)
+    print(format_table(output["results"]))
+    out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))
+    record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),
+              "eval_config": {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()},
+              "command": sys.argv}
+    with atomic_open(out) as f:
+        f.write(json.dumps(record, indent=2).encode())
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

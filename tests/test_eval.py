@@ -1,0 +1,141 @@
+"""Zero-shot evaluation end to end, on a small GPT trained here by train.py: the training-time hook,
+`python -m eval`, batch-size invariance, agreement with lm-evaluation-harness's `hf` backend on
+the exported model, and the harness running our checkpoint through eval/harness.py."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_train
+from data.shards import write_shard
+from data.tokenizer import get_tokenizer
+from eval import evaluate
+from eval.scorer import Scorer
+from eval.tasks import TASKS, resolve
+from eval_fixtures import write_fixtures, write_harness_tasks
+from training.checkpoint import CHECKPOINT_NAME, load_model
+
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(run dir, task fixture dir): a 4-layer GPT trained on the fixtures' own texts (GPT-2 BPE,
+    block 128, so the WikiText page spans several windows), with every task evaluated at the end."""
+    root = tmp_path_factory.mktemp("eval_run")
+    rows = write_fixtures(root / "tasks")
+    encoding = get_tokenizer("gpt2")
+    texts = [value for task_rows in rows.values() for row in task_rows for value in row.values()
+             if isinstance(value, str) and len(value) > 20]
+    tokens = [t for text in texts for t in (encoding.eot_token, *encoding.encode(text))]
+    write_shard(root / "data" / "train_000000.bin", np.array(tokens * 3))
+    write_shard(root / "data" / "val_000000.bin", np.array(tokens[: len(tokens) // 4]))
+    run_train("--model=nano", "--block_size=128", "--tokenizer=gpt2", "--batch_size=8", "--micro_batch_size=8",
+              f"--max_steps={STEPS}", "--optimizer=adamw", "--lr=3e-3", "--min_lr=3e-4", "--warmup_steps=5",
+              "--log_interval=20", "--eval_interval=1000", "--val_tokens=1024", "--probe_batch_size=2",
+              f"--data_dir={root / 'data'}", f"--out_dir={root}", "--run_name=run", "--zero_shot_tasks=paper",
+              f"--zero_shot_data_dir={root / 'tasks'}", timeout=600)
+    return root / "run", root / "tasks"
+
+
+@pytest.fixture(scope="module")
+def ours(trained):
+    """Our evaluator's output (with samples) on every task, batch size 16."""
+    run_dir, tasks_dir = trained
+    model, _ = load_model(run_dir / CHECKPOINT_NAME)
+    scorer = Scorer(model, get_tokenizer("gpt2"), batch_size=16, show_progress=False)
+    return evaluate(scorer, resolve("paper"), data_dir=tasks_dir, log_samples=True)
+
+
+def metric_values(results: dict) -> dict:
+    return {(task, k): v for task, summary in results.items() for k, v in summary.items()
+            if k not in ("version", "n", "seconds")}
+
+
+def test_cli_writes_the_results_the_training_hook_logged(trained, ours, tmp_path):
+    run_dir, tasks_dir = trained
+    out = tmp_path / "results.json"
+    result = subprocess.run([sys.executable, "-m", "eval", "--ckpt", str(run_dir / CHECKPOINT_NAME), "--tasks",
+                             "paper", "--data-dir", str(tasks_dir), "--out", str(out), "--log-samples",
+                             "--batch-size", "7"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lambada_openai" in result.stdout and "acc_norm" in result.stdout  # the printed table
+    record = json.loads(out.read_text())
+    assert (record["tokenizer"], record["step"]) == ("gpt2", STEPS)
+    assert record["train_config"]["zero_shot_tasks"] == "paper" and record["model_config"]["n_layer"] == 4
+    assert record["eval_config"]["batch_size"] == 7 and set(record["samples"]) == set(TASKS)
+    for name, summary in record["results"].items():
+        task = TASKS[name]
+        assert summary["version"] == task.version and summary["n"] == len(task.load_docs(tasks_dir))
+        assert all(metric in summary and f"{metric}_stderr" in summary for metric in task.metrics)
+    logged = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        logged.update({k: v for k, v in json.loads(line).items() if k.startswith("zero_shot/")})
+    cli = {f"zero_shot/{task}/{k}": v for (task, k), v in metric_values(record["results"]).items() if v is not None}
+    assert logged.keys() == cli.keys()
+    for key, value in cli.items():
+        assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key  # batch 8 in training, 7 here
+
+
+def test_metrics_do_not_depend_on_batch_size(trained, ours):
+    run_dir, tasks_dir = trained
+    model, _ = load_model(run_dir / CHECKPOINT_NAME)
+    one = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=1, show_progress=False), resolve("paper"),
+                   data_dir=tasks_dir, log_samples=True)
+    for key, value in metric_values(ours["results"]).items():
+        other = metric_values(one["results"])[key]
+        assert (value is None and other is None) or other == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    for task, samples in ours["samples"].items():
+        for a, b in zip(samples, one["samples"][task]):
+            assert a["metrics"].keys() == b["metrics"].keys()
+            assert np.allclose(flat_lls(a["results"]), flat_lls(b["results"]), rtol=1e-6, atol=1e-5)  # float32 sums
+
+
+def flat_lls(results: list) -> list[float]:
+    return [r[0] if isinstance(r, (tuple, list)) else r for r in results]
+
+
+def harness_run(model, tmp_path, tasks_dir, **kwargs) -> dict:
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+    written = write_harness_tasks(tmp_path / "harness_tasks", tasks_dir)
+    manager = TaskManager(include_path=str(tmp_path / "harness_tasks"), include_defaults=False)
+    output = lm_eval.simple_evaluate(model=model, tasks=[name for _, name in written.values()], task_manager=manager,
+                                     log_samples=True, bootstrap_iters=0, **kwargs)
+    return {ours: (output["results"][fixture], output["samples"][fixture]) for ours, (_, fixture) in written.items()}
+
+
+def assert_same_as_harness(ours: dict, harness: dict, atol: float, rtol: float = 0.0) -> None:
+    """Per-example log-likelihoods within atol + rtol * |ll|, greedy flags and every metric the same."""
+    for name, (results, samples) in harness.items():
+        our_samples = ours["samples"][name]
+        assert len(samples) == len(our_samples), name
+        for theirs, mine in zip(sorted(samples, key=lambda s: s["doc_id"]), our_samples):
+            their_results = [resp[0] for resp in theirs["resps"]]
+            assert np.allclose(flat_lls(mine["results"]), flat_lls(their_results), rtol=rtol, atol=atol), name
+            if TASKS[name].kind != "rolling":
+                assert [bool(r[1]) for r in mine["results"]] == [bool(r[1]) for r in their_results], name
+        for metric in TASKS[name].metrics:
+            value = ours["results"][name][metric]
+            assert value == pytest.approx(results[f"{metric},none"], rel=1e-6), (name, metric)
+
+
+def test_agreement_with_the_harness_hf_backend_on_the_exported_model(trained, ours, tmp_path):
+    pytest.importorskip("transformers")
+    run_dir, tasks_dir = trained
+    export = subprocess.run([sys.executable, "scripts/export_hf.py", str(run_dir / CHECKPOINT_NAME),
+                             str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr[-3000:]
+    harness = harness_run("hf", tmp_path, tasks_dir, model_args=f"pretrained={tmp_path / 'hf'},dtype=float32",
+                          batch_size=4, device="cpu")
+    assert_same_as_harness(ours, harness, atol=1e-4)
+
+
+def test_the_harness_runs_our_checkpoint_through_the_adapter(trained, ours, tmp_path):
+    from eval.harness import NanoMeritLM
+    run_dir, tasks_dir = trained
+    harness = harness_run(NanoMeritLM.from_checkpoint(run_dir / CHECKPOINT_NAME, batch_size=16), tmp_path, tasks_dir)
+    # The same scorer, other batches: float32 rounding only (as between batch sizes).
+    assert_same_as_harness(ours, harness, atol=1e-5, rtol=1e-6)
