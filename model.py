@@ -88,11 +88,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]
 
-    def forward(self, x):
+    def forward(self, x, attn_mask=None):
+        """attn_mask: None for causal attention, else a bool mask broadcasting to (B, n_head, T, T),
+        True where a query may attend to a key (packed sequences, see GPT.hidden_states)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -139,8 +142,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, attn_mask=None):
+        x = x + self.attn(self.ln_1(x), attn_mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -172,21 +175,31 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def _embed(self, idx):
+    def _embed(self, idx, positions=None):
         T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(
-                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
-            )
-        pos = torch.arange(T, device=idx.device)
-        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        if positions is None:
+            if T > self.config.block_size:
+                raise ValueError(
+                    f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
+                )
+            positions = torch.arange(T, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+
+    def hidden_states(self, idx, positions=None, attn_mask=None):
+        """The final layer-normed hidden states (B, T, n_embd), to which lm_head gives the logits.
+
+        By default position t is t and attention is causal. Packed sequences (eval/scorer.py puts
+        one context and several continuations in one row) pass each token's position, (T,) or
+        (B, T), and a bool attn_mask, (T, T) or (B, 1, T, T): True where a token may attend to another.
+        """
+        x = self._embed(idx, positions)
+        for block in self.transformer.h:
+            x = block(x, attn_mask)
+        return self.transformer.ln_f(x)
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss over targets != -1."""
-        x = self._embed(idx)
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.hidden_states(idx))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(

@@ -13,9 +13,14 @@ Rolling log-likelihood (WikiText) cuts the document's tokens into the harness's 
 the first predicts ``t[:L]`` from ``[eot] + t[:L-1]``, each further window predicts the next at
 most L tokens from a full L-token context, so every token is predicted once.
 
-Requests are deduplicated (identical token sequences share one forward pass), sorted longest
-first and cut into batches of ``batch_size`` sequences right-padded to the batch's longest; the
-result of a request does not depend on which batch it lands in beyond float rounding.
+Speed, with the same results up to float rounding (whatever the batch size):
+* identical requests are scored once;
+* requests sharing a context (a multiple-choice question's 2-5 answers after one long prompt)
+  are packed into one row: the context once, then each continuation's tokens attending to the
+  context and to themselves only, at the positions they would have had (see ``pack``);
+* the LM head runs only where a continuation token is predicted (with GPT-2's 50k vocabulary it
+  is most of a small model's compute at every position);
+* rows are sorted longest first and cut into batches of ``batch_size`` right-padded rows.
 """
 from dataclasses import dataclass
 
@@ -95,27 +100,103 @@ class Scorer:
     @torch.no_grad()
     def score_tokens(self, requests: list[TokenRequest], desc: str = "scoring") -> list[tuple[float, bool]]:
         """(log-likelihood, is_greedy) of each TokenRequest."""
-        unique = sorted(set(requests), key=lambda r: (-len(r.context) - len(r.continuation), r.context, r.continuation))
+        rows = sorted(pack(set(requests), self.max_length), key=lambda row: (-len(row.tokens), row.tokens))
+        # Plain rows are batched apart from packed ones: they need no attention mask.
+        batches = [kind[i: i + self.batch_size] for kind in ([r for r in rows if not r.packed], [r for r in rows if r.packed])
+                   for i in range(0, len(kind), self.batch_size)]
         scores = {}
-        batches = range(0, len(unique), self.batch_size)
-        for start in tqdm(batches, desc=desc, unit="batch", disable=not self.show_progress or len(batches) < 2):
-            batch = unique[start: start + self.batch_size]
-            scores.update(zip(batch, self._score_batch(batch)))
+        for batch in tqdm(batches, desc=desc, unit="batch", disable=not self.show_progress or len(batches) < 2):
+            scores.update(self._score_batch(batch))
         return [scores[r] for r in requests]
 
-    def _score_batch(self, batch: list[TokenRequest]) -> list[tuple[float, bool]]:
-        inputs = [(r.context + r.continuation)[-(self.max_length + 1):][:-1] for r in batch]
-        width = max(len(tokens) for tokens in inputs)
+    def _score_batch(self, batch: list["Row"]) -> dict[TokenRequest, tuple[float, bool]]:
+        width = max(len(row.tokens) for row in batch)
         idx = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, tokens in enumerate(inputs):
-            idx[row, :len(tokens)] = torch.tensor(tokens)
-        logits, _ = self.model(idx.to(self.device))
-        results = []
-        for row, (request, tokens) in enumerate(zip(batch, inputs)):
-            n = len(request.continuation)
-            # The last n input positions predict the continuation's n tokens.
-            logprobs = F.log_softmax(logits[row, len(tokens) - n: len(tokens)].float(), dim=-1)
-            target = torch.tensor(request.continuation, device=logprobs.device)
-            ll = logprobs.gather(1, target[:, None]).sum().item()
-            results.append((ll, bool((logprobs.argmax(-1) == target).all())))
+        for i, row in enumerate(batch):
+            idx[i, :len(row.tokens)] = torch.tensor(row.tokens)
+        positions = mask = None
+        if batch[0].packed:
+            positions = torch.zeros(len(batch), width, dtype=torch.long)
+            segments = torch.full((len(batch), width), -1, dtype=torch.long)  # padding: its own segment
+            for i, row in enumerate(batch):
+                positions[i, :len(row.tokens)] = torch.tensor(row.positions)
+                segments[i, :len(row.tokens)] = torch.tensor(row.segments)
+            order = torch.arange(width)
+            # A token sees the earlier tokens of its own segment and the shared context (segment 0).
+            mask = ((order[None, None, :] <= order[None, :, None])
+                    & ((segments[:, None, :] == 0) | (segments[:, None, :] == segments[:, :, None])))
+            positions, mask = positions.to(self.device), mask[:, None].to(self.device)
+        hidden = self.model.hidden_states(idx.to(self.device), positions, mask)
+        # The LM head only where a continuation token is predicted: most positions are context.
+        where = [(i, p) for i, row in enumerate(batch) for _, predictors in row.requests for p in predictors]
+        rows_index, cols_index = (torch.tensor(x, device=self.device) for x in zip(*where))
+        logprobs = F.log_softmax(self.model.lm_head(hidden[rows_index, cols_index]).float(), dim=-1)
+        targets = torch.tensor([t for row in batch for request, _ in row.requests for t in request.continuation],
+                               device=self.device)
+        token_logprobs = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+        greedy = (logprobs.argmax(-1) == targets).tolist()
+        results, k = {}, 0
+        for row in batch:
+            for request, predictors in row.requests:
+                n = len(predictors)
+                results[request] = (sum(token_logprobs[k: k + n]), all(greedy[k: k + n]))
+                k += n
         return results
+
+
+@dataclass
+class Row:
+    """One sequence of a batch. ``requests``: each request it scores, with the positions in
+    ``tokens`` whose outputs predict the request's continuation tokens. A packed row (``positions``
+    and ``segments`` set) holds one context (segment 0) followed by the inputs of several
+    continuations (segments 1, 2, ...), each attending to the context and to itself only, with
+    positions continuing the context's: the same computation as one row per request."""
+    tokens: tuple[int, ...]
+    requests: list[tuple[TokenRequest, list[int]]]
+    positions: tuple[int, ...] | None = None
+    segments: tuple[int, ...] | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.positions is not None
+
+
+def pack(requests, max_length: int) -> list[Row]:
+    """Rows for ``requests``: those sharing a context, whose context and continuation fit in the
+    model without truncation, are packed together up to ``max_length`` tokens a row (the context is
+    computed once: multiple-choice tasks score 2-5 continuations after one long prompt); any other
+    request gets a row of its own, the harness's ``(context + continuation)[-(L + 1):][:-1]``."""
+    by_context = {}
+    rows = []
+    for request in requests:
+        if len(request.context) + len(request.continuation) <= max_length + 1:
+            by_context.setdefault(request.context, []).append(request)
+        else:
+            rows.append(single_row(request, max_length))
+    for context, group in by_context.items():
+        if len(group) == 1:
+            rows.append(single_row(group[0], max_length))
+            continue
+        group.sort(key=lambda r: r.continuation)
+        row = None
+        for request in group:
+            extra = len(request.continuation) - 1  # its input tokens after the context
+            if row is None or len(row[0]) + extra > max_length:
+                if row:
+                    rows.append(Row(tuple(row[0]), row[1], tuple(row[2]), tuple(row[3])))
+                row = (list(context), [], list(range(len(context))), [0] * len(context))
+            tokens, scored, positions, segments = row
+            segment = segments[-1] + 1
+            # Continuation token 0 is predicted by the context's last token, token j by token j - 1.
+            scored.append((request, [len(context) - 1] + list(range(len(tokens), len(tokens) + extra))))
+            tokens.extend(request.continuation[:-1])
+            positions.extend(range(len(context), len(context) + extra))
+            segments.extend([segment] * extra)
+        rows.append(Row(tuple(row[0]), row[1], tuple(row[2]), tuple(row[3])))
+    return rows
+
+
+def single_row(request: TokenRequest, max_length: int) -> Row:
+    tokens = (request.context + request.continuation)[-(max_length + 1):][:-1]
+    n = len(request.continuation)
+    return Row(tokens, [(request, list(range(len(tokens) - n, len(tokens))))])

@@ -17,6 +17,11 @@ PAIRS = [
     ("", "<|endoftext|> starts with it"),  # (as text: GPT-2 encodes it as ordinary characters)
     ("Nebuchadnezzar was king of", " Babylon and Nebuchadnezzar"),
     ("東京 is the capital of", " Japan"),
+    # Several continuations of one context: packed into rows that share it (two rows at block 16).
+    ("Question: What is the capital of France?\nAnswer:", " London"),
+    ("Question: What is the capital of France?\nAnswer:", " the city of Lyon, on the Rhône"),
+    ("Question: What is the capital of France?\nAnswer:", " Marseille"),
+    ("One two", " three"), ("One two", " four five six seven eight nine ten eleven twelve thirteen fourteen"),
 ]
 
 
@@ -72,8 +77,9 @@ def test_rolling_windows_are_the_harness_windows(scorer):
     assert [t for w in windows for t in w.continuation] == tokens  # every token predicted once
 
 
-def test_loglikelihoods_equal_a_naive_float64_computation(scorer):
-    results = scorer.loglikelihood(PAIRS)
+@pytest.mark.parametrize("batch_size", [1, 3, 64])  # 64: packed and plain rows in one call
+def test_loglikelihoods_equal_a_naive_float64_computation(scorer, batch_size):
+    results = Scorer(scorer.model, scorer.tokenizer, batch_size=batch_size, show_progress=False).loglikelihood(PAIRS)
     for (context, continuation), (ll, greedy) in zip(PAIRS, results):
         ctx, cont = harness_encode_pair(scorer.tokenizer, context, continuation)
         expected_ll, expected_greedy = naive_loglikelihood(scorer.model, ctx, cont, scorer.max_length)
