@@ -158,13 +158,20 @@ def test_split_without_documents_is_an_error(tmp_path):
 
 def test_prefetch_requests_the_next_shard_in_stream_order(doc_shards, monkeypatch):
     data_dir, shards = doc_shards
+    # Recorded when requested (in this thread): close() cancels requests still queued.
     advised = []
-    monkeypatch.setattr(loader_module, "advise_willneed", advised.append)
+    request = TokenLoader.prefetch_shard
+    monkeypatch.setattr(TokenLoader, "prefetch_shard",
+                        lambda self, shard: advised.append(self.shard_paths[shard]) or request(self, shard))
     loader = TokenLoader(data_dir, "train", 1, 10, seed=3, vocab_size=VOCAB)
     steps = 80  # reads stream offsets [0, 801)
     assert 2 * sum(map(len, shards["train"])) < 800  # so that is over two epochs
+    carried_out = []
+    monkeypatch.setattr(loader_module, "advise_willneed", carried_out.append)
     batches(loader, steps)
-    loader.close()  # waits for the prefetch thread: every request has been carried out
+    loader._prefetcher.submit(lambda: None).result()  # one FIFO worker: every earlier request is done
+    loader.close()
+    assert carried_out == advised  # each request reached the OS hint, in order
 
     # The non-empty shards in the order the stream visits them, and where each starts.
     visits, start = [], 0
