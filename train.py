@@ -290,21 +290,20 @@ class Trainer:
         distributed.barrier(self.ctx)
 
     def zero_shot(self):
-        """Run the configured zero-shot tasks (eval/) on the current weights on rank 0, and log
-        every metric as zero_shot/<task>/<metric>."""
-        if self.ctx.is_main:
-            from eval import evaluate
-            from eval.scorer import Scorer
-            from eval.tasks import resolve
-            scorer = Scorer(self.model, self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
-                            show_progress=False)
-            output = evaluate(scorer, resolve(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
-                              limit=self.config.zero_shot_limit)
-            self.model.train()  # the scorer puts the model in eval mode
-            self.log({f"zero_shot/{task}/{metric}": value for task, summary in output["results"].items()
-                      for metric, value in summary.items()
-                      if metric not in ("version", "n", "seconds") and value is not None})
-        distributed.barrier(self.ctx)
+        """Run the configured zero-shot tasks (eval/) on the current weights, each rank scoring its
+        share of the examples, and log every metric as zero_shot/<task>/<metric>."""
+        from eval import evaluate
+        from eval.scorer import Scorer
+        from eval.tasks import resolve
+        scorer = Scorer(self.model, self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
+                        show_progress=False)
+        output = evaluate(scorer, resolve(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
+                          limit=self.config.zero_shot_limit, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                          gather=lambda obj: distributed.all_gather_objects(obj, self.ctx))
+        self.model.train()  # the scorer puts the model in eval mode
+        self.log({f"zero_shot/{task}/{metric}": value for task, summary in output["results"].items()
+                  for metric, value in summary.items()
+                  if metric not in ("version", "n", "seconds") and value is not None})
 
     def restore(self):
         path = self.run_dir / checkpoint.CHECKPOINT_NAME

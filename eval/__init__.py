@@ -18,32 +18,43 @@ if TYPE_CHECKING:  # eval.tasks imports datasets: not needed to import the packa
 
 
 def evaluate(scorer: Scorer, tasks: list[Task], data_dir=None, limit: int | None = None,
-             log_samples: bool = False) -> dict:
+             log_samples: bool = False, rank: int = 0, world_size: int = 1, gather=None) -> dict:
     """{"results": {task: {metric: value, metric_stderr: value, "n": ..., "version": ...}},
-    "samples": {task: [per-example records]} if log_samples}."""
+    "samples": {task: [per-example records]} if log_samples}.
+
+    Across ranks (train.py): each rank scores examples rank, rank + world_size, ...; ``gather(obj)``
+    returns every rank's obj (training.distributed.all_gather_objects), and every rank returns the
+    results of all examples, in order.
+    """
     results, samples = {}, {}
     for task in tasks:
         start = time.perf_counter()
         docs = task.load_docs(data_dir, limit)
-        requests = [task.requests(doc) for doc in docs]
+        mine = list(range(rank, len(docs), world_size))
+        requests = [task.requests(docs[i]) for i in mine]
         flat = [request for doc_requests in requests for request in doc_requests]
         if task.kind == "rolling":
             outputs = iter(scorer.loglikelihood_rolling(flat, desc=task.name))
         else:
             outputs = iter(scorer.loglikelihood(flat, desc=task.name))
-        per_doc = [[next(outputs) for _ in doc_requests] for doc_requests in requests]
-        processed = [task.process(doc, doc_results) for doc, doc_results in zip(docs, per_doc)]
+        records = [{"doc_id": i, "requests": doc_requests, "results": [next(outputs) for _ in doc_requests]}
+                   for i, doc_requests in zip(mine, requests)]
+        for record in records:
+            record["metrics"] = task.process(docs[record["doc_id"]], record["results"])
+        if world_size > 1:
+            records = sorted((r for rank_records in gather(records) for r in rank_records), key=lambda r: r["doc_id"])
+            if [r["doc_id"] for r in records] != list(range(len(docs))):
+                raise RuntimeError(f"task {task.name}: the ranks scored examples {[r['doc_id'] for r in records]}, "
+                                   f"not each of the {len(docs)} once (do all ranks have the same data?)")
         summary = {"version": task.version, "n": len(docs)}
         for metric in task.metrics:
-            values = [p[metric] for p in processed]
+            values = [record["metrics"][metric] for record in records]
             summary[metric] = task.aggregate(metric, values)
             summary[f"{metric}_stderr"] = task.stderr(metric, values)
         summary["seconds"] = time.perf_counter() - start
         results[task.name] = summary
         if log_samples:
-            samples[task.name] = [
-                {"doc_id": i, "requests": doc_requests, "results": doc_results, "metrics": p}
-                for i, (doc_requests, doc_results, p) in enumerate(zip(requests, per_doc, processed))]
+            samples[task.name] = records
     return {"results": results, **({"samples": samples} if log_samples else {})}
 
 

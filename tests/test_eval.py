@@ -32,12 +32,23 @@ def trained(tmp_path_factory):
     tokens = [t for text in texts for t in (encoding.eot_token, *encoding.encode(text))]
     write_shard(root / "data" / "train_000000.bin", np.array(tokens * 3))
     write_shard(root / "data" / "val_000000.bin", np.array(tokens[: len(tokens) // 4]))
-    run_train("--model=nano", "--block_size=128", "--tokenizer=gpt2", "--batch_size=8", "--micro_batch_size=8",
-              f"--max_steps={STEPS}", "--optimizer=adamw", "--lr=3e-3", "--min_lr=3e-4", "--warmup_steps=5",
-              "--log_interval=20", "--eval_interval=1000", "--val_tokens=1024", "--probe_batch_size=2",
-              f"--data_dir={root / 'data'}", f"--out_dir={root}", "--run_name=run", "--zero_shot_tasks=paper",
-              f"--zero_shot_data_dir={root / 'tasks'}", timeout=600)
+    run_train(*train_args(root, "run", STEPS), timeout=600)
     return root / "run", root / "tasks"
+
+
+def train_args(root, run_name: str, steps: int) -> list[str]:
+    return ["--model=nano", "--block_size=128", "--tokenizer=gpt2", "--batch_size=8", "--micro_batch_size=4",
+            f"--max_steps={steps}", "--optimizer=adamw", "--lr=3e-3", "--min_lr=3e-4", "--warmup_steps=5",
+            "--log_interval=20", "--eval_interval=1000", "--val_tokens=1024", "--probe_batch_size=2",
+            f"--data_dir={root / 'data'}", f"--out_dir={root}", f"--run_name={run_name}", "--zero_shot_tasks=paper",
+            f"--zero_shot_data_dir={root / 'tasks'}"]
+
+
+def logged_zero_shot(run_dir) -> dict:
+    logged = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        logged.update({k: v for k, v in json.loads(line).items() if k.startswith("zero_shot/")})
+    return logged
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +81,27 @@ def test_cli_writes_the_results_the_training_hook_logged(trained, ours, tmp_path
         task = TASKS[name]
         assert summary["version"] == task.version and summary["n"] == len(task.load_docs(tasks_dir))
         assert all(metric in summary and f"{metric}_stderr" in summary for metric in task.metrics)
-    logged = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        logged.update({k: v for k, v in json.loads(line).items() if k.startswith("zero_shot/")})
+    logged = logged_zero_shot(run_dir)
     cli = {f"zero_shot/{task}/{k}": v for (task, k), v in metric_values(record["results"]).items() if v is not None}
     assert logged.keys() == cli.keys()
     for key, value in cli.items():
-        assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key  # batch 8 in training, 7 here
+        assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key  # batch 4 in training, 7 here
+
+
+def test_two_ranks_share_the_zero_shot_examples_and_log_every_metric(trained):
+    """Each rank of a DDP run scores every other example; the gathered metrics are those of one
+    process evaluating the same checkpoint alone."""
+    run_dir, tasks_dir = trained
+    root = run_dir.parent
+    run_train(*train_args(root, "ddp", 2), nproc=2, timeout=600)
+    model, _ = load_model(root / "ddp" / CHECKPOINT_NAME)
+    alone = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=4, show_progress=False), resolve("paper"),
+                     data_dir=tasks_dir)
+    expected = {f"zero_shot/{task}/{k}": v for (task, k), v in metric_values(alone["results"]).items() if v is not None}
+    logged = logged_zero_shot(root / "ddp")
+    assert logged.keys() == expected.keys()
+    for key, value in expected.items():
+        assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 def test_metrics_do_not_depend_on_batch_size(trained, ours):
