@@ -8,7 +8,7 @@ and reused from there; torch's build lock there makes concurrent ranks wait for 
 
 Each optimizer keeps a torch implementation of the same step, which is the reference the kernels
 are tested against and what runs for anything the kernels do not take: other dtypes or devices
-(CUDA runs the torch code), non-contiguous tensors, a failed build (one warning), or
+(CUDA tensors: optim/triton_ops.py), non-contiguous tensors, a failed build (one warning), or
 ``NANOMERIT_OPTIM_EXTENSION=0``.
 """
 import functools

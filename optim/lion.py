@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, triton_ops
 from .diagnostics import DiagnosticsMixin, update_rms_recorded
 from .hyperparameters import check_hyperparameters
 
@@ -23,7 +23,8 @@ class SignOptimizer(DiagnosticsMixin, torch.optim.Optimizer):
 
     Subclasses implement ``_step_group(group, params)`` for the params of ``group`` that have a
     gradient, and may extend ``check_hyperparameters``. A step is one sweep of a C++ kernel per
-    tensor where optim/kernels.py takes the tensors, else torch code: state updates in place with
+    tensor where optim/kernels.py takes the tensors (CPU), of a Triton kernel where
+    optim/triton_ops.py takes them (CUDA), else torch code: state updates in place with
     torch._foreach_* (one call per group), and the per-tensor temporary in ``scratch`` instead of
     an out-of-place foreach op: on CPU a fresh full-size temporary costs more than the arithmetic
     (page faults: 75 ms to allocate and fill the 155 MB GPT-2 embedding against 8-20 ms for one
@@ -102,6 +103,10 @@ class Lion(SignOptimizer):
         if all(kernels.usable(p, g, m) for p, g, m in zip(params, grads, exp_avgs)):
             for p, g, m in zip(params, grads, exp_avgs):
                 torch.ops.nanomerit.lion_step(p, g, m, lr, wd, beta1, beta2)
+            return
+        if all(triton_ops.usable(p, g, m) for p, g, m in zip(params, grads, exp_avgs)):
+            for p, g, m in zip(params, grads, exp_avgs):
+                triton_ops.lion_step(p, g, m, lr=lr, wd=wd, beta1=beta1, beta2=beta2)
             return
         if wd != 0:
             torch._foreach_mul_(params, 1 - lr * wd)

@@ -14,9 +14,10 @@ allocated:
 A ratio is NaN where N(p) or N(u) is 0: the zero guard, s = 1 in pass 2.
 
 CPU tensors that optim/kernels.py accepts (matrices 2-D) use the C++ kernels of
-``csrc/trust_ratio.cpp``; anything else, tensors with more than 2 dims included, runs the torch
-fallback below, which is also the reference the kernels are tested against. On CUDA the fallback
-makes no host syncs, and its pass 2 allocates one p-sized temporary for a matrix's s.
+``csrc/trust_ratio.cpp``, CUDA tensors that optim/triton_ops.py accepts its Triton kernels;
+anything else, tensors with more than 2 dims included, runs the torch fallback below, which is
+also the reference both kernels are tested against. The fallback makes no host syncs on CUDA, and
+its pass 2 allocates one p-sized temporary for a matrix's s.
 """
 import functools
 import math
@@ -24,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, triton_ops
 
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
@@ -41,6 +42,9 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
         ratios = torch.ops.nanomerit.moments_and_ratios(p, g, m, v, beta1, beta2, eps, wd, m_scale,
                                                         v_scale, max_p_norm, rows_cols, l2)
         return tuple(ratios) if reduce != "none" else ()
+    if triton_ops.usable(p, g, m, v, matrix=rows_cols):
+        return triton_ops.moments_and_ratios(p, g, m, v, beta1=beta1, beta2=beta2, eps=eps, wd=wd, reduce=reduce,
+                                             l2=l2, m_scale=m_scale, v_scale=v_scale, max_p_norm=max_p_norm)
     m.lerp_(g, 1 - beta1)                          # m = b1*m + (1-b1)*g, in one sweep
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
     # u = m * m_scale / (sqrt(v) * v_scale + eps), computed as m / (sqrt(v) * a + b): one
@@ -72,10 +76,14 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
     """
     if rows is None:
         rows = torch.ones((), dtype=p.dtype, device=p.device)
+    # The kernels take the factors in their compute dtype.
+    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
     if kernels.usable(p, u, matrix=cols is not None):
-        compute = torch.float64 if p.dtype == torch.float64 else torch.float32
         return torch.ops.nanomerit.apply_update(p, u, rows.to(compute), None if cols is None else cols.to(compute),
                                                 lr, clip, count)
+    if triton_ops.usable(p, u, matrix=cols is not None):
+        return triton_ops.apply_update(p, u, rows.to(compute), None if cols is None else cols.to(compute),
+                                       lr=lr, clip=clip, count=count)
     s = rows if cols is None else torch.maximum(rows, cols)  # the one p-sized temporary
     u.mul_(s.nan_to_num(nan=1.0))
     clipped = (u.abs() > 1).sum() if count else None

@@ -11,7 +11,7 @@ and ``bs`` the tokens per optimizer step.
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, triton_ops
 from .lion import SignOptimizer
 
 
@@ -91,6 +91,10 @@ class SophiaG(SignOptimizer):
         if all(kernels.usable(p, g, s["exp_avg"], s["hessian"]) for p, g, s in zip(params, grads, states)):
             for p, g, state in zip(params, grads, states):
                 torch.ops.nanomerit.sophia_step(p, g, state["exp_avg"], state["hessian"], lr, wd, beta1, scale, eps)
+        elif all(triton_ops.usable(p, g, s["exp_avg"], s["hessian"]) for p, g, s in zip(params, grads, states)):
+            for p, g, state in zip(params, grads, states):
+                triton_ops.sophia_step(p, g, state["exp_avg"], state["hessian"], lr=lr, wd=wd, beta1=beta1,
+                                       scale=scale, eps=eps)
         else:
             if wd != 0:
                 torch._foreach_mul_(params, 1 - lr * wd)

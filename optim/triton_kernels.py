@@ -1,0 +1,225 @@
+"""The optimizers' Triton kernels: their fused CUDA path (optim/triton_ops.py launches them).
+
+They compute what the C++ kernels of ``csrc/`` compute, with the same roundings, so the torch
+fallbacks remain the reference for both: MERIT's and LAMB's two passes (optim/passes.py) with a
+small kernel between them that turns the reduced norms into trust ratios, and the one-sweep steps
+of Lion and Sophia-G. Elements are computed in float32 (float64 for float64 tensors); where a
+fallback rounds an intermediate to bfloat16, ``_round`` rounds it to nearest even with integer
+operations, because Triton's CPU interpreter (how the tests run these kernels without a GPU)
+truncates in its float conversions. The launcher disables FMA contraction, and division and
+square root are the IEEE ones (``_div``, ``_sqrt``), so the interpreter and a GPU compute
+the same bits.
+
+Tensors are contiguous and seen as (n_rows, n_cols) row-major matrices; a tensor whose norm is
+taken as a whole is its flat elements cut into rows, the last one masked by ``numel``. Offsets
+are int64. Scalars arrive as float64 and are rounded to the compute type once, as the C++
+kernels' ``op_t(...)`` do.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load(ptr, offs, mask, COMPUTE: tl.constexpr):
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _scalar(x, COMPUTE: tl.constexpr):
+    """A float64 scalar argument rounded to the compute type (the interpreter passes Python floats)."""
+    return tl.full([], x, COMPUTE)
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """x rounded to ``dtype`` (nearest even) and kept in x's float type; the identity unless
+    ``dtype`` is bfloat16, where it is c10's float -> BFloat16 conversion on the raw bits."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)  # NaN stays NaN
+    else:
+        return x
+
+
+@triton.jit
+def _sqrt(x):
+    """IEEE square root: sqrt_rn for float32 (plain tl.sqrt may be approximate), float64's is exact."""
+    if x.dtype == tl.float64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _div(a, b):
+    """IEEE division: div_rn for float32 (plain / may be approximate), float64's is exact."""
+    if a.dtype == tl.float64:
+        return a / b
+    else:
+        return tl.div_rn(a, b)
+
+
+@triton.jit
+def _lerp(a, b, w):
+    """a + w * (b - a) in torch's rounding (ATen/native/Lerp.h: the form depends on |w| < 0.5)."""
+    return tl.where(tl.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1.0 - w))
+
+
+@triton.jit
+def _combine(a, b, L2: tl.constexpr):
+    if L2:
+        return a + b
+    else:
+        return tl.maximum(a, b)
+
+
+@triton.jit
+def _reduce(x, axis: tl.constexpr, L2: tl.constexpr):
+    if L2:
+        return tl.sum(x, axis=axis)
+    else:
+        return tl.max(x, axis=axis)
+
+
+@triton.jit
+def moments_and_norms(p_ptr, g_ptr, m_ptr, v_ptr, norms_ptr, norms_stride, partials_ptr,
+                      n_rows, n_cols, numel, w1: tl.float64, beta2: tl.float64, w2: tl.float64,
+                      a: tl.float64, b: tl.float64, wd: tl.float64, L2: tl.constexpr,
+                      COLS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+    """Pass 1: m = lerp(m, g, w1), v = v*beta2 + w2*g*g, u = m / (sqrt(v)*a + b) + wd*p into g,
+    and the norm terms of p (before the update) and u: |x|, or x^2 if L2.
+
+    Program k sweeps row blocks k, k + P, ... (P programs) one column chunk at a time. It combines
+    each row's terms into norms[0, i] (p) and norms[1, i] (u) (final: a row belongs to one
+    program) and, with COLS, each column's over its own rows into partials[k, 0, j] and
+    partials[k, 1, j] (the caller combines the P partials; no atomics, so l2 sums come out the same
+    on every run).
+    """
+    dtype = p_ptr.dtype.element_ty
+    w1, beta2, w2 = _scalar(w1, COMPUTE), _scalar(beta2, COMPUTE), _scalar(w2, COMPUTE)
+    a, b, wd = _scalar(a, COMPUTE), _scalar(b, COMPUTE), _scalar(wd, COMPUTE)
+    program, programs = tl.program_id(0), tl.num_programs(0)
+    for c0 in range(0, n_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        p_cols = tl.zeros([BLOCK_C], COMPUTE)
+        u_cols = tl.zeros([BLOCK_C], COMPUTE)
+        for row_block in range(program, tl.cdiv(n_rows, BLOCK_R), programs):
+            rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (offs < numel)
+            p = _load(p_ptr, offs, mask, COMPUTE)
+            g = _load(g_ptr, offs, mask, COMPUTE)
+            m = _round(_lerp(_load(m_ptr, offs, mask, COMPUTE), g, w1), dtype)
+            v = _round(_round(_load(v_ptr, offs, mask, COMPUTE) * beta2, dtype) + w2 * g * g, dtype)
+            u = _round(_div(m, _sqrt(v) * a + b) + wd * p, dtype)
+            tl.store(m_ptr + offs, m.to(dtype), mask=mask)
+            tl.store(v_ptr + offs, v.to(dtype), mask=mask)
+            tl.store(g_ptr + offs, u.to(dtype), mask=mask)
+            if L2:
+                p_terms, u_terms = p * p, u * u
+            else:
+                p_terms, u_terms = tl.abs(p), tl.abs(u)
+            p_terms = tl.where(mask, p_terms, 0.0)  # padding: u may be 0/0 there when eps = 0
+            u_terms = tl.where(mask, u_terms, 0.0)
+            in_rows = rows < n_rows
+            seen = in_rows & (c0 > 0)  # the rows' terms of the column chunks before this one
+            p_rows = tl.load(norms_ptr + rows, mask=seen, other=0.0)
+            u_rows = tl.load(norms_ptr + norms_stride + rows, mask=seen, other=0.0)
+            tl.store(norms_ptr + rows, _combine(p_rows, _reduce(p_terms, 1, L2), L2), mask=in_rows)
+            tl.store(norms_ptr + norms_stride + rows, _combine(u_rows, _reduce(u_terms, 1, L2), L2), mask=in_rows)
+            if COLS:
+                p_cols = _combine(p_cols, _reduce(p_terms, 0, L2), L2)
+                u_cols = _combine(u_cols, _reduce(u_terms, 0, L2), L2)
+        if COLS:
+            mine = partials_ptr + program.to(tl.int64) * 2 * n_cols + cols
+            tl.store(mine, p_cols, mask=cols < n_cols)
+            tl.store(mine + n_cols, u_cols, mask=cols < n_cols)
+
+
+@triton.jit
+def trust_ratios(norms_ptr, norms_stride, out_ptr, n, max_p_norm: tl.float64, max_ratio: tl.float64,
+                 L2: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """out[j] = min(N(p), max_p_norm) / N(u) from the accumulated terms norms[0, j], norms[1, j],
+    in out's dtype as the fallback computes it there (norms and ratio rounded to it, an overflow
+    the largest finite value ``max_ratio``), NaN (the guard: s = 1) where either norm is 0."""
+    dtype = out_ptr.dtype.element_ty
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    p_norm = _load(norms_ptr, offs, mask, COMPUTE)
+    u_norm = _load(norms_ptr + norms_stride, offs, mask, COMPUTE)
+    if L2:
+        p_norm, u_norm = _sqrt(p_norm), _sqrt(u_norm)
+    p_norm = tl.minimum(_round(p_norm, dtype), _round(_scalar(max_p_norm, COMPUTE), dtype))
+    u_norm = _round(u_norm, dtype)
+    ratio = tl.minimum(_round(_div(p_norm, u_norm), dtype), _scalar(max_ratio, COMPUTE))
+    ratio = tl.where((p_norm == 0) | (u_norm == 0), float("nan"), ratio)
+    tl.store(out_ptr + offs, ratio.to(dtype), mask=mask)
+
+
+@triton.jit
+def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, n_rows, n_cols, numel,
+                 neg_lr: tl.float64, COLS: tl.constexpr, CLIP: tl.constexpr, COUNT: tl.constexpr,
+                 COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Pass 2: p += neg_lr * [clamp](s * u, -1, 1) on a (BLOCK_R, BLOCK_C) tile, with
+    s = max(rows[i], cols[j]) if COLS else the one factor rows[0] (both in the compute dtype;
+    NaN, the zero guard, means s = 1). With COUNT, the tile's number of |s * u| > 1 goes to
+    counts[program]."""
+    dtype = p_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (offs < numel)
+    if COLS:
+        r = tl.load(rows_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]
+        c = tl.load(cols_ptr + cols, mask=cols < n_cols, other=1.0)[None, :]
+        s = tl.where((r != r) | (c != c), 1.0, tl.maximum(r, c))
+    else:
+        r = tl.load(rows_ptr)
+        s = tl.where(r != r, 1.0, r)
+    x = s * _load(u_ptr, offs, mask, COMPUTE)
+    if COUNT:
+        clipped = tl.sum(tl.sum(tl.where(mask & (tl.abs(x) > 1.0), 1, 0), axis=1), axis=0)
+        tl.store(counts_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), clipped)
+    if CLIP:
+        x = tl.minimum(tl.maximum(x, -1.0), 1.0)
+    p = _load(p_ptr, offs, mask, COMPUTE) + _scalar(neg_lr, COMPUTE) * x
+    tl.store(p_ptr + offs, _round(p, dtype).to(dtype), mask=mask)
+
+
+@triton.jit
+def lion_step(p_ptr, g_ptr, m_ptr, numel, decay: tl.float64, neg_lr: tl.float64, w1: tl.float64,
+              w2: tl.float64, DECAYS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """Lion: p = p*decay; p += neg_lr * sign(lerp(m, g, w1)); m = lerp(m, g, w2)."""
+    dtype = p_ptr.dtype.element_ty
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    m = _load(m_ptr, offs, mask, COMPUTE)
+    p = _load(p_ptr, offs, mask, COMPUTE)
+    if DECAYS:
+        p = _round(p * _scalar(decay, COMPUTE), dtype)
+    c = _round(_lerp(m, g, _scalar(w1, COMPUTE)), dtype)
+    sign = (c > 0).to(COMPUTE) - (c < 0).to(COMPUTE)
+    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * sign, dtype).to(dtype), mask=mask)
+    tl.store(m_ptr + offs, _round(_lerp(m, g, _scalar(w2, COMPUTE)), dtype).to(dtype), mask=mask)
+
+
+@triton.jit
+def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, numel, decay: tl.float64, neg_lr: tl.float64,
+                w1: tl.float64, scale: tl.float64, eps: tl.float64, DECAYS: tl.constexpr,
+                COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """Sophia-G: p = p*decay; m = lerp(m, g, w1); p += neg_lr * clamp(m / (h*scale + eps), -1, 1)."""
+    dtype = p_ptr.dtype.element_ty
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    p = _load(p_ptr, offs, mask, COMPUTE)
+    if DECAYS:
+        p = _round(p * _scalar(decay, COMPUTE), dtype)
+    m = _round(_lerp(_load(m_ptr, offs, mask, COMPUTE), g, _scalar(w1, COMPUTE)), dtype)
+    d = _round(_round(_load(h_ptr, offs, mask, COMPUTE) * _scalar(scale, COMPUTE), dtype) + _scalar(eps, COMPUTE), dtype)
+    x = tl.minimum(tl.maximum(_round(_div(m, d), dtype), -1.0), 1.0)
+    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * x, dtype).to(dtype), mask=mask)
+    tl.store(m_ptr + offs, m.to(dtype), mask=mask)

@@ -1,0 +1,145 @@
+"""The optimizers' fused CUDA path: Triton kernels (optim/triton_kernels.py), when they apply,
+and how they are launched.
+
+optim/passes.py (MERIT, LAMB), optim/lion.py and optim/sophia.py call these for tensors that
+``usable`` accepts: contiguous CUDA tensors of one supported dtype, Triton importable (it comes
+with PyTorch's CUDA builds). Everything else keeps its path: the C++ kernels on CPU, the torch
+code otherwise; ``NANOMERIT_OPTIM_TRITON=0`` turns this path off.
+
+Per MERIT/LAMB tensor a step launches pass 1, one or two small reductions, the trust-ratio
+kernel and pass 2, and nothing waits on the host. Memory: the state only, plus per step
+O(rows + cols) norms and P x cols column partials (P <= 4 programs per multiprocessor).
+The tests run these kernels in Triton's interpreter on CPU tensors (``DEVICE_TYPES`` += "cpu"
+under ``TRITON_INTERPRET=1``) and compile them for a GPU target without one;
+scripts/check_cuda.py runs them on a GPU.
+"""
+import functools
+import os
+import warnings
+
+import torch
+from torch import Tensor
+
+USE = os.environ.get("NANOMERIT_OPTIM_TRITON", "1") != "0"
+DEVICE_TYPES = ("cuda",)
+DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+
+# A program's tile: 2,048 elements of each of p, g, m and v in registers (4 warps: 16 per thread).
+_TILE = 2048
+_MAX_BLOCK_C = 256
+_FLAT_COLS = 2048     # row length when a tensor's norm is taken as a whole
+_RATIO_BLOCK = 1024
+_SIGN_BLOCK = 1024
+
+
+def usable(p: Tensor, *others: Tensor, matrix: bool = False) -> bool:
+    """Whether the Triton kernels take p and ``others`` (contiguous tensors of p's dtype and
+    device, a device type of ``DEVICE_TYPES``, p not empty, a matrix if ``matrix``)."""
+    return (USE and p.device.type in DEVICE_TYPES and p.dtype in DTYPES and p.numel() > 0
+            and (p.dim() == 2 or not matrix) and p.is_contiguous()
+            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in others)
+            and _kernels() is not None)
+
+
+@functools.cache
+def _kernels():
+    """optim.triton_kernels, imported on first use (Triton takes a second to import); None, with
+    one warning, without Triton."""
+    try:
+        from . import triton_kernels
+    except ImportError as error:
+        warnings.warn(f"optim: Triton is not available ({error}); the optimizers run their torch code "
+                      f"on CUDA tensors (pip install triton)", RuntimeWarning, stacklevel=4)
+        return None
+    return triton_kernels
+
+
+def _launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
+    """Every launch goes through here (the tests record them to compile each one for a GPU)."""
+    kernel[grid](*args, **constexprs, enable_fp_fusion=False)  # no FMA: products rounded as written
+
+
+def _compute(dtype: torch.dtype):
+    tl = _kernels().tl
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _blocks(n_rows: int, n_cols: int) -> tuple[int, int]:
+    block_c = min(_MAX_BLOCK_C, max(16, _pow2(n_cols)))
+    return min(_TILE // block_c, _pow2(n_rows)), block_c
+
+
+def _matrix(p: Tensor, rows_cols: bool) -> tuple[int, int]:
+    """How the kernels see p: its own (rows, cols), or its flat elements cut into rows."""
+    if rows_cols:
+        return p.shape[0], p.shape[1]
+    n_cols = min(_FLAT_COLS, _pow2(p.numel()))
+    return -(-p.numel() // n_cols), n_cols
+
+
+@functools.cache
+def _max_programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 3  # the interpreter: a few, so that programs sweep several row blocks in the tests
+
+
+def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
+                       eps: float, wd: float, reduce: str, l2: bool, m_scale: float, v_scale: float,
+                       max_p_norm: float) -> tuple[Tensor, ...]:
+    """optim.passes.moments_and_ratios (pass 1 and the trust ratios) on the Triton kernels."""
+    k = _kernels()
+    rows_cols = reduce == "rows_cols"
+    n_rows, n_cols = _matrix(p, rows_cols)
+    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
+    block_r, block_c = _blocks(n_rows, n_cols)
+    programs = min(-(-n_rows // block_r), _max_programs(p.device))
+    # The norm terms: rows | columns | whole tensor, for p (norms[0]) and u (norms[1]).
+    width = n_rows + (n_cols if rows_cols else 0) + 1
+    norms = torch.empty(2, width, dtype=compute, device=p.device)
+    partials = torch.empty(programs, 2, n_cols, dtype=compute, device=p.device) if rows_cols else norms
+    _launch(k.moments_and_norms, (programs,), p, g, m, v, norms, width, partials, n_rows, n_cols, p.numel(),
+            1 - beta1, beta2, 1 - beta2, v_scale / m_scale, eps / m_scale, wd,
+            L2=l2, COLS=rows_cols, COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+    if reduce == "none":
+        return ()
+    combine = torch.sum if l2 else torch.amax
+    if rows_cols:
+        combine(partials, 0, out=norms[:, n_rows:-1])
+    combine(norms[:, :n_rows], 1, keepdim=True, out=norms[:, -1:])
+    first = 0 if rows_cols else width - 1  # flat rows are pieces of the tensor, not its rows
+    ratios = torch.empty(width - first, dtype=p.dtype, device=p.device)
+    _launch(k.trust_ratios, (-(-ratios.numel() // _RATIO_BLOCK),), norms[:, first:], width, ratios, ratios.numel(),
+            max_p_norm, torch.finfo(p.dtype).max, L2=l2, COMPUTE=_compute(p.dtype), BLOCK=_RATIO_BLOCK)
+    if not rows_cols:
+        return (ratios[0],)
+    return ratios[:n_rows].view(n_rows, 1), ratios[n_rows:-1].view(1, n_cols), ratios[-1]
+
+
+def apply_update(p: Tensor, u: Tensor, rows: Tensor, cols: Tensor | None, *, lr: float, clip: bool,
+                 count: bool) -> Tensor | None:
+    """optim.passes.apply_update (pass 2) on the Triton kernels; rows and cols in the compute dtype."""
+    k = _kernels()
+    n_rows, n_cols = _matrix(p, cols is not None)
+    block_r, block_c = _blocks(n_rows, n_cols)
+    grid = (-(-n_rows // block_r), -(-n_cols // block_c))
+    counts = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=p.device) if count else rows
+    _launch(k.apply_update, grid, p, u, rows.contiguous(), rows if cols is None else cols.contiguous(), counts,
+            n_rows, n_cols, p.numel(), -lr, COLS=cols is not None, CLIP=clip, COUNT=count,
+            COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+    return counts.sum() if count else None
+
+
+def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
+    _launch(_kernels().lion_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, p.numel(), 1 - lr * wd, -lr,
+            1 - beta1, 1 - beta2, DECAYS=wd != 0, COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+
+
+def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
+                scale: float, eps: float) -> None:
+    _launch(_kernels().sophia_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, h, p.numel(), 1 - lr * wd, -lr,
+            1 - beta1, scale, eps, DECAYS=wd != 0, COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
