@@ -1,7 +1,12 @@
 """Shared fixtures: a small byte-level corpus written as shards, a runner for train.py, and the
-two implementations of the optimizers' steps."""
+three implementations of the optimizers' steps."""
 
 import os
+
+# The optimizers' Triton kernels run in Triton's CPU interpreter here (read when Triton is imported,
+# on first use): the tests need no GPU. scripts/check_cuda.py runs them on one.
+os.environ["TRITON_INTERPRET"] = "1"
+
 import random
 import subprocess
 import sys
@@ -11,7 +16,7 @@ import numpy as np
 import pytest
 
 from data.shards import write_shard
-from optim import kernels
+from optim import kernels, triton_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king queen crown sword castle night morning river stone gold silver bright dark "
@@ -25,14 +30,25 @@ def make_text(n_sentences: int, seed: int) -> str:
                      for _ in range(n_sentences))
 
 
-@pytest.fixture(params=["kernels", "torch"])
-def path(request, monkeypatch):
-    """Run a test on the optimizers' C++ kernels (optim/kernels.py) and on their torch code."""
-    if request.param == "kernels":
-        if not kernels.built():
+@pytest.fixture
+def select_path(monkeypatch):
+    """A function that makes the optimizers' steps on CPU tensors run one implementation:
+    "kernels" (C++, optim/kernels.py), "triton" (optim/triton_ops.py, in Triton's interpreter) or
+    "torch"; it skips the test where the implementation is not available."""
+    def select(name: str) -> None:
+        if name == "kernels" and not kernels.built():
             pytest.skip("the C++ optimizer kernels could not be built here")
-    else:
-        monkeypatch.setattr(kernels, "USE", False)
+        if name == "triton":
+            pytest.importorskip("triton", reason="Triton is not installed (requirements-dev.txt)")
+        monkeypatch.setattr(kernels, "USE", name == "kernels")
+        monkeypatch.setattr(triton_ops, "DEVICE_TYPES", ("cpu",) if name == "triton" else ("cuda",))
+    return select
+
+
+@pytest.fixture(params=["kernels", "triton", "torch"])
+def path(request, select_path):
+    """Run a test on each implementation of the optimizers' steps (see ``select_path``)."""
+    select_path(request.param)
     return request.param
 
 

@@ -1,6 +1,6 @@
 """Tests of optim/: MERIT (and its ablations) and LAMB against naive float64 transcriptions of
-optimizers.md, on both implementations of their passes (the C++ kernels and the torch fallback),
-their diagnostics, the shared param groups, the AdamW wiring and the registry."""
+optimizers.md, on each implementation of their passes (the C++ kernels, the Triton kernels in
+Triton's interpreter, the torch fallback), their diagnostics, the shared param groups, the AdamW wiring and the registry."""
 import io
 import math
 
@@ -241,15 +241,15 @@ def test_merit_update_is_symmetric_under_transposition(dtype, path):
 
 
 # The kernels against the fallback in the dtypes they serve, on shapes larger than a SIMD width
+# and than a Triton tile (40 x 300: two column chunks, Triton programs sweeping two row blocks),
 # with guarded rows / columns: equal up to float rounding (a few ulp after several steps).
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("cls, options", [(MERIT, o) for o in MERIT_ABLATIONS.values()]
                          + [(LAMB, o) for o in LAMB_OPTIONS.values()])
-def test_kernels_match_the_torch_fallback(cls, options, dtype, tol, monkeypatch):
-    if not kernels.built():
-        pytest.skip("the C++ optimizer kernels could not be built here")
+@pytest.mark.parametrize("kernel", ["kernels", "triton"])
+def test_kernels_match_the_torch_fallback(kernel, cls, options, dtype, tol, select_path):
     gen = torch.Generator().manual_seed(11)
-    shapes = [(67, 45), (45, 67), (300,), (5,), ()]
+    shapes = [(67, 45), (45, 67), (300,), (5,), (), (40, 300), (5000,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
     p0[0][3], p0[0][:, 7], p0[2][:50] = 0, 0, 0
     grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(5)]
@@ -257,8 +257,8 @@ def test_kernels_match_the_torch_fallback(cls, options, dtype, tol, monkeypatch)
         gs[0][5] = 0  # with wd = 0 below: u's row 5 is 0
         gs[1][:, 9] = 0
     results = []
-    for use_extension in (True, False):
-        monkeypatch.setattr(kernels, "USE", use_extension)
+    for implementation in (kernel, "torch"):
+        select_path(implementation)
         params = [nn.Parameter(p.to(dtype)) for p in p0]
         opt = cls([{"params": params[:1], "weight_decay": 0.0}, {"params": params[1:], "weight_decay": 0.1}],
                   lr=0.1, **options)

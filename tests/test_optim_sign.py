@@ -1,6 +1,7 @@
 """Tests of the sign-based optimizers (Lion, Sophia-G) against naive float64 transcriptions of
-optimizers.md on both implementations of their steps (the C++ kernels and torch), their
-diagnostics, AdamW's update_rms, state_dict round trips and build()."""
+optimizers.md on each implementation of their steps (the C++ kernels, the Triton kernels in
+Triton's interpreter, torch), their diagnostics, AdamW's update_rms, state_dict round trips and
+build()."""
 import copy
 import io
 import math
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 import optim
-from optim import Lion, SophiaG, kernels
+from optim import Lion, SophiaG
 
 STEPS = 20
 
@@ -240,16 +241,15 @@ def test_adamw_runs_step_hooks_once():
 # and than one thread's share, with decay and without, b1 on both sides of torch's lerp switch.
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("name", ["lion", "sophiag"])
-def test_kernels_match_the_torch_code(name, dtype, tol, monkeypatch):
-    if not kernels.built():
-        pytest.skip("the C++ optimizer kernels could not be built here")
+@pytest.mark.parametrize("kernel", ["kernels", "triton"])
+def test_kernels_match_the_torch_code(kernel, name, dtype, tol, select_path):
     gen = torch.Generator().manual_seed(12)
     shapes = [(67, 45), (70000,), (5,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(6)]
     results = []
-    for use in (True, False):
-        monkeypatch.setattr(kernels, "USE", use)
+    for implementation in (kernel, "torch"):
+        select_path(implementation)
         params = [nn.Parameter(p.to(dtype)) for p in p0]
         groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "betas": (0.3, 0.9)}]
         opt = (Lion(groups, lr=0.01) if name == "lion"

@@ -1,0 +1,149 @@
+"""The optimizers' Triton path (optim/triton_ops.py) beyond what the shared tests check through
+the ``path`` fixture (every optimizer against its naive reference and its torch code, run in
+Triton's interpreter): every kernel configuration a step launches compiles for the H200 (sm_90)
+with IEEE division and square root and no FMA contraction, so the GPU computes the bits the
+interpreter computed; and without Triton the torch code runs, with one warning."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import optim
+from optim import LAMB, MERIT, Lion, SophiaG, triton_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Compiles the recorded configurations (argv[1], JSON) for sm_90, as Triton does before a launch
+# on a GPU (no interpreter here: TRITON_INTERPRET is unset), and prints what the PTX contains.
+COMPILE = """
+import json, sys
+import triton.language as tl
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from optim import triton_kernels
+
+dtypes = {t.name: t for t in (tl.float32, tl.float64, tl.bfloat16)}
+report = []
+for config in json.load(open(sys.argv[1])):
+    constexprs = {k: dtypes[v[1]] if isinstance(v, list) else v for k, v in config["constexprs"].items()}
+    source = ASTSource(fn=getattr(triton_kernels, config["kernel"]), signature=config["signature"],
+                       constexprs=constexprs)
+    compiled = compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    lines = [line.split()[0] for line in compiled.asm["ptx"].splitlines() if line.startswith("\\t") and line.split()]
+    report.append({"config": config, "cubin_bytes": len(compiled.asm["cubin"]),
+                   "inexact": sorted({op for op in lines if "approx" in op or "full" in op or op.startswith("fma")}),
+                   "ieee": sorted({op for op in lines if op.startswith(("div.rn", "sqrt.rn"))})})
+print(json.dumps(report))
+"""
+
+
+def _describe(kernel, args: tuple, constexprs: dict) -> dict:
+    """A launch as the compile script needs it: kernel name, Triton signature, constexpr values."""
+    import inspect
+
+    params = list(inspect.signature(kernel.fn).parameters.values())
+    signature = {}
+    for param, arg in zip(params, args):
+        if isinstance(arg, torch.Tensor):
+            signature[param.name] = "*" + {torch.float32: "fp32", torch.bfloat16: "bf16",
+                                           torch.float64: "fp64", torch.int32: "i32"}[arg.dtype]
+        elif isinstance(arg, bool):
+            signature[param.name] = "i1"
+        elif isinstance(arg, int):
+            signature[param.name] = "i32" if -2**31 <= arg < 2**31 else "i64"
+        else:  # floats: the kernels declare them float64
+            signature[param.name] = param.annotation.name
+    signature.update({name: "constexpr" for name in constexprs})
+    values = {k: ["dtype", v.name] if hasattr(v, "primitive_bitwidth") else v for k, v in constexprs.items()}
+    return {"kernel": kernel.fn.__name__, "signature": signature, "constexprs": values}
+
+
+def test_every_launch_compiles_for_sm90_with_exact_arithmetic(select_path, monkeypatch, tmp_path):
+    select_path("triton")
+    launches = {}
+    launch = triton_ops._launch
+
+    def record(kernel, grid, *args, **constexprs):
+        described = _describe(kernel, args, constexprs)
+        launches[json.dumps(described, sort_keys=True)] = described
+        launch(kernel, grid, *args, **constexprs)
+
+    monkeypatch.setattr(triton_ops, "_launch", record)
+    makers = [lambda ps, o=o: MERIT(ps, lr=0.1, weight_decay=0.1, **o)
+              for o in ({}, {"norm": "l2"}, {"maxlamb": True}, {"elementwise_clip": False})]
+    makers += [lambda ps: LAMB(ps, lr=0.1, weight_decay=0.1, bias_correction=True),
+               lambda ps: Lion(ps, lr=0.1, weight_decay=0.1), lambda ps: Lion(ps, lr=0.1),
+               lambda ps: SophiaG(ps, lr=0.1, weight_decay=0.1, batch_tokens=8), lambda ps: SophiaG(ps, batch_tokens=8)]
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for make in makers:
+            params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
+            opt = make(params)
+            for diagnose in (False, True):  # MERIT counts clipped elements on diagnostic steps
+                if diagnose:
+                    opt.request_diagnostics()
+                for p in params:
+                    p.grad = torch.randn(p.shape, dtype=dtype)
+                opt.step()
+    configs = list(launches.values())
+    assert {c["kernel"] for c in configs} == {"moments_and_norms", "trust_ratios", "apply_update", "lion_step",
+                                              "sophia_step"}
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compile every one, here
+    result = subprocess.run([sys.executable, "-c", COMPILE, str(tmp_path / "configs.json")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(report) == len(configs)
+    for entry in report:
+        assert entry["cubin_bytes"] > 0
+        assert entry["inexact"] == [], entry  # no approximate division / sqrt, no contracted FMA
+    # The divisions and square roots that are there are the IEEE ones, in each compute type.
+    ieee = set().union(*(entry["ieee"] for entry in report))
+    assert {"div.rn.f32", "div.rn.f64", "sqrt.rn.f32", "sqrt.rn.f64"} <= ieee
+
+
+def test_without_triton_the_torch_code_runs_with_one_warning(select_path, monkeypatch):
+    select_path("torch")
+    p0, grads = torch.randn(5, 4), [torch.randn(5, 4) for _ in range(2)]
+
+    def run() -> torch.Tensor:
+        p = nn.Parameter(p0.clone())
+        opt = MERIT([p], lr=0.1)
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        return p.detach()
+
+    expected = run()
+    select_path("triton")
+    monkeypatch.setitem(sys.modules, "optim.triton_kernels", None)  # import fails
+    monkeypatch.delattr(optim, "triton_kernels", raising=False)
+    triton_ops._kernels.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="Triton is not available") as record:
+            got = run()
+        assert len([w for w in record if "Triton is not available" in str(w.message)]) == 1
+        assert torch.equal(got, expected)
+    finally:
+        triton_ops._kernels.cache_clear()
+
+
+def test_check_cuda_script_runs_its_checks_on_the_cpu():
+    # scripts/check_cuda.py is what a GPU session runs; here its code runs on the CPU (Triton's
+    # interpreter, small shapes), so that it works the first time a GPU is at hand.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
+    result = subprocess.run([sys.executable, "scripts/check_cuda.py", "--device", "cpu", "--quick"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    optimizer_checks = [line for line in lines if line.startswith("PASS  optimizer ")]
+    assert len(optimizer_checks) == 2 * 9  # fp32 and bf16 for each optimizer and ablation
+    assert any(line.startswith("PASS  model eager bf16 train step") for line in lines)
+    assert lines[-1] == "all checks passed"
