@@ -1,0 +1,189 @@
+"""The checks to run on a GPU when one is at hand: one command, a few minutes on an H200.
+
+    python scripts/check_cuda.py                        # CUDA (Triton comes with PyTorch's CUDA builds)
+    python scripts/check_cuda.py --device cpu --quick   # the same code on the CPU: Triton's
+                                                        # interpreter, small shapes (a test runs this)
+
+1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion and Sophia-G take 20 steps (4 with --quick) on
+   their Triton kernels (optim/triton_ops.py) and, from the same start, on their torch code on the
+   same device and dtype, and in float64 on the CPU; fp32 and bf16. On CUDA the Triton steps run
+   under torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
+2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
+   Small shapes, fp32 and bf16.
+3. model: training steps (forward, backward, MERIT step) under bf16 autocast, with SDPA's flash
+   kernel on CUDA, eager and torch.compile'd (CUDA): their losses agree; ms/step, tokens/s, MFU.
+Prints a line per check; exits 1 if any failed.
+"""
+import argparse
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model import GPT, GPTConfig  # noqa: E402
+from optim import LAMB, MERIT, Lion, SophiaG, kernels, triton_ops  # noqa: E402
+
+H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s
+OPTIMIZERS = {
+    "merit": lambda ps: MERIT(ps, lr=0.02, betas=(0.9, 0.95), weight_decay=0.1),
+    "merit l2": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, norm="l2"),
+    "merit no clip": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, elementwise_clip=False),
+    "merit no lower bound": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, weightwise_lower_bound=False),
+    "maxlamb": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, maxlamb=True),
+    "lamb": lambda ps: LAMB(ps, lr=0.02, weight_decay=0.1),
+    "lamb bias correction": lambda ps: LAMB(ps, lr=0.02, weight_decay=0.1, bias_correction=True),
+    "lion": lambda ps: Lion(ps, lr=1e-3, weight_decay=0.1),
+    "sophiag": lambda ps: SophiaG(ps, lr=1e-3, weight_decay=0.1, batch_tokens=4096, hessian_interval=2),
+}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs torch code
+failures = []
+
+
+def report(name: str, ok: bool, detail: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<44}{detail}", flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def select(implementation: str, device: torch.device) -> None:
+    """Route the optimizers' steps: "triton" (its kernels) or "torch" (its torch code)."""
+    kernels.USE = False
+    triton_ops.USE = implementation == "triton"
+    triton_ops.DEVICE_TYPES = (device.type,)
+
+
+def run_optimizer(make, shapes, device, dtype, steps) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter((0.5 * torch.randn(s, generator=gen, dtype=torch.float64)).to(device, dtype))
+              for s in shapes]
+    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) * (1 + k % 3) for s in shapes] for k in range(steps)]
+    opt = make(params)
+    check_syncs = device.type == "cuda" and triton_ops.USE
+    for k, gs in enumerate(grads):
+        for p, g in zip(params, gs):
+            p.grad = g.to(device, dtype)
+        if k == steps - 1:
+            opt.request_diagnostics()  # the diagnostics' counts sync, once, here
+        with syncs_forbidden() if check_syncs and k < steps - 1 else nullcontext():
+            opt.step()
+        if getattr(opt, "wants_hessian_update", lambda _: False)(k + 1):
+            for p, g in zip(params, gs):
+                p.grad = 0.1 * g.to(device, dtype)
+            opt.update_hessian()
+    return [p.detach().double().cpu() for p in params]
+
+
+class syncs_forbidden:
+    def __enter__(self):
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def check_optimizers(device: torch.device, quick: bool) -> None:
+    shapes = [(40, 300), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
+    steps = 4 if quick else 20
+    for name, make in OPTIMIZERS.items():
+        select("torch", torch.device("cpu"))
+        reference = run_optimizer(make, shapes, torch.device("cpu"), torch.float64, steps)
+        for dtype in (torch.float32, torch.bfloat16):
+            label = f"optimizer {name} {str(dtype).removeprefix('torch.')}"
+            results = {}
+            for implementation in ("triton", "torch"):
+                select(implementation, device)
+                try:
+                    results[implementation] = run_optimizer(make, shapes, device, dtype, steps)
+                except RuntimeError as error:  # a host sync, a kernel that failed
+                    report(f"{label} ({implementation})", False, f"{type(error).__name__}: {error}")
+                    break
+            else:
+                vs_torch = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], results["torch"]))
+                vs_fp64 = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], reference))
+                report(label, vs_torch <= TOLERANCE[dtype], f"vs torch code {vs_torch:.1e}, vs float64 {vs_fp64:.1e}")
+    kernels.USE, triton_ops.USE, triton_ops.DEVICE_TYPES = True, True, ("cuda",)  # the defaults again
+
+
+def check_speed(device: torch.device) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_optim
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for name in ("merit", "lamb", "lion", "sophiag", "adamw"):
+            ms, base, ratio = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
+            print(f"      speed {name:<8} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
+                  f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}", flush=True)
+
+
+def check_model(device: torch.device, quick: bool) -> None:
+    config = GPTConfig.preset("nano", block_size=64, vocab_size=512) if quick else GPTConfig.preset("gpt2")
+    batch = 4 if quick else 16
+    torch.manual_seed(0)
+    idx = torch.randint(0, config.vocab_size, (batch, config.block_size + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    flash = nullcontext()
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        flash = sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # fails loudly if flash cannot run
+    losses = {}
+    for compiled in (False, True) if device.type == "cuda" else (False,):
+        torch.manual_seed(1)
+        model = GPT(config).to(device)
+        opt = MERIT(model.parameters(), lr=2e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        step_fn = torch.compile(model) if compiled else model
+        times = []
+        for step in range(3 + (3 if quick else 10)):
+            start = time.perf_counter()
+            with flash, torch.autocast(device.type, dtype=torch.bfloat16):
+                _, loss = step_fn(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            if step == 0:
+                losses[compiled] = loss.item()
+        ms = 1e3 * sorted(times[3:])[len(times[3:]) // 2]
+        tokens_per_s = batch * config.block_size / (ms / 1e3)
+        mfu = model.estimate_mfu(tokens_per_s, H200_BF16_PEAK)
+        label = "compiled" if compiled else "eager"
+        report(f"model {label} bf16 train step", torch.isfinite(loss).item(),
+               f"{ms:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, MFU {100 * mfu:.1f}% of H200 bf16 "
+               f"(first step {times[0]:.1f} s, loss {losses[compiled]:.4f})")
+    if len(losses) == 2:
+        report("model compiled loss == eager loss", abs(losses[True] - losses[False]) < 2e-2,
+               f"{losses[True]:.4f} vs {losses[False]:.4f}")
+    ref = F.cross_entropy(model(x)[0].float().view(-1, config.vocab_size), y.reshape(-1))
+    report("model fp32 loss finite", torch.isfinite(ref).item(), f"{ref.item():.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small shapes and models (the CPU self-test)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read when optim/triton_ops imports Triton, below
+    elif not torch.cuda.is_available():
+        sys.exit("check_cuda: no CUDA device here (use --device cpu --quick to run the checks on the CPU)")
+    import triton
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    print(f"{name}; torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    check_optimizers(device, args.quick)
+    if device.type == "cuda":
+        check_speed(device)
+    check_model(device, args.quick)
+    print("all checks passed" if not failures else f"FAILED: {', '.join(failures)}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
