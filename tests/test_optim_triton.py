@@ -3,6 +3,7 @@ the ``path`` fixture (every optimizer against its naive reference and its torch 
 Triton's interpreter): every kernel configuration a step launches compiles for the H200 (sm_90)
 with IEEE division and square root and no FMA contraction, so the GPU computes the bits the
 interpreter computed; and without Triton the torch code runs, with one warning."""
+import inspect
 import json
 import os
 import subprocess
@@ -45,8 +46,6 @@ print(json.dumps(report))
 
 def _describe(kernel, args: tuple, constexprs: dict) -> dict:
     """A launch as the compile script needs it: kernel name, Triton signature, constexpr values."""
-    import inspect
-
     params = list(inspect.signature(kernel.fn).parameters.values())
     signature = {}
     for param, arg in zip(params, args):
