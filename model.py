@@ -3,15 +3,12 @@
 Module names match nanoGPT and Hugging Face's GPT-2 (transformer.wte, transformer.h[i].attn.c_attn,
 ...), so state dicts map onto HF checkpoints one to one. Besides the usual forward/generate, the
 model has a no-grad probe, `max_attention_logits`, that reports per layer the largest pre-softmax
-attention logit: the quantity MERIT is designed to keep in check. `to_hf` and `GPT.from_hf` convert to
-and from Hugging Face's GPT2LMHeadModel (scripts/export_hf.py writes a checkpoint as one).
+attention logit: the quantity MERIT is designed to keep in check. hf.py converts to and from Hugging
+Face's GPT2LMHeadModel.
 """
 
-import json
 import math
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -29,14 +26,6 @@ PRESETS = {
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 708M (774M)
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1475M (1557M)
 }
-
-# Hugging Face's GPT-2 uses Conv1D (weight stored as in x out) where this file uses nn.Linear
-# (out x in): these weights are transposed between the two; every other tensor is the same.
-HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# HF activation_function names of the tanh-approximated GELU this model uses (the same function;
-# "gelu_pytorch_tanh" is the same kernel too, so it is what exports write).
-HF_TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh")
-
 
 @dataclass
 class GPTConfig:
@@ -262,113 +251,3 @@ class GPT(nn.Module):
     def estimate_mfu(self, tokens_per_second, peak_flops):
         """Model FLOPs utilisation: achieved training FLOP/s as a fraction of peak_flops."""
         return self.flops_per_token() * tokens_per_second / peak_flops
-
-    def to_hf(self, eos_token_id=None):
-        """The equivalent Hugging Face GPT2LMHeadModel: (config.json's fields, HF-named CPU tensors).
-        The state has no lm_head (HF ties it to wte). HF's GPT-2 always has biases: a model without
-        them gets zero biases, which compute the same."""
-        cfg = self.config
-        config = dict(
-            architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=cfg.vocab_size,
-            n_positions=cfg.block_size, n_ctx=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-            n_head=cfg.n_head, n_inner=None, activation_function=HF_TANH_GELUS[0],
-            resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-            layer_norm_epsilon=self.transformer.ln_f.eps, initializer_range=0.02, scale_attn_weights=True,
-            scale_attn_by_inverse_layer_idx=cfg.scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn=False,
-            add_cross_attention=False, tie_word_embeddings=True, use_cache=True,
-            bos_token_id=eos_token_id, eos_token_id=eos_token_id,
-        )
-        state = {name: self.transformer[name].weight.detach().cpu().clone() for name in ("wte", "wpe")}
-        state = {f"transformer.{name}.weight": w for name, w in state.items()}
-        for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.LayerNorm)) and name != "lm_head":
-                weight = module.weight.detach().cpu()
-                # every Linear here but lm_head is a Conv1D in HF: stored transposed
-                state[f"{name}.weight"] = weight.t().contiguous() if isinstance(module, nn.Linear) else weight.clone()
-                bias = module.bias
-                state[f"{name}.bias"] = (torch.zeros(weight.shape[0], dtype=weight.dtype) if bias is None
-                                         else bias.detach().cpu().clone())
-        return config, state
-
-    @classmethod
-    def from_hf(cls, source, dropout=None, bias=None):
-        """A GPT from a Hugging Face GPT-2 (GPT2LMHeadModel or GPT2Model): a folder with config.json and
-        model.safetensors (or its sharded index, or pytorch_model.bin), e.g. a local copy of
-        openai-community/gpt2, or a (config dict, state dict) tuple such as to_hf's. dropout: default the config's
-        (when its three p_drops agree). bias: default True exactly when some bias is nonzero;
-        False drops biases (they must be zero). Returned in eval mode, as HF's from_pretrained."""
-        config, state = source if isinstance(source, tuple) else _read_hf(Path(source))
-        def get(key, default):  # HF's default where the config omits a key or writes null
-            return default if config.get(key) is None else config[key]
-
-        n_embd = get("n_embd", 768)
-        checks = [  # (ok, what is unsupported)
-            (get("model_type", "gpt2") == "gpt2", f"model_type {config.get('model_type')!r}"),
-            (get("activation_function", "gelu_new") in HF_TANH_GELUS,
-             f"activation_function {config.get('activation_function')!r} (this model has the tanh GELU: "
-             f"{', '.join(HF_TANH_GELUS)})"),
-            (get("n_inner", 4 * n_embd) == 4 * n_embd, f"n_inner {config.get('n_inner')} != 4 * n_embd"),
-            (get("layer_norm_epsilon", 1e-5) == 1e-5, f"layer_norm_epsilon {config.get('layer_norm_epsilon')} != 1e-5"),
-            (get("scale_attn_weights", True), "scale_attn_weights False"),
-            (not get("add_cross_attention", False), "add_cross_attention True"),
-        ]
-        problems = [what for ok, what in checks if not ok]
-        if problems:
-            raise ValueError(f"unsupported Hugging Face GPT-2 config: {'; '.join(problems)}")
-        if dropout is None:
-            p_drops = {get(key, 0.1) for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
-            if len(p_drops) > 1:
-                raise ValueError(f"the config's attn/resid/embd_pdrop differ ({sorted(p_drops)}): pass dropout=")
-            dropout = p_drops.pop()
-
-        sd = {}
-        for key, tensor in state.items():
-            key = key.removeprefix("transformer.")  # the hub's GPT-2 was saved as a GPT2Model
-            if re.fullmatch(r"h\.\d+\.attn\.(masked_)?bias", key):
-                continue  # causal-mask buffers of old transformers versions
-            key = key if key == "lm_head.weight" else f"transformer.{key}"
-            sd[key] = tensor.t() if key.endswith(HF_TRANSPOSED) else tensor
-        wte = sd.get("transformer.wte.weight")
-        lm_head = sd.pop("lm_head.weight", None)
-        tied = get("tie_word_embeddings", True)
-        if wte is not None and (not tied if lm_head is None else not torch.equal(lm_head, wte)):
-            head = "missing" if lm_head is None else "different from wte"
-            raise ValueError(f"the Hugging Face model's lm_head is untied (tie_word_embeddings {tied}, lm_head.weight "
-                             f"{head}): this model always ties it to wte")
-        biases = [k for k in sd if k.endswith(".bias")]
-        if bias is None:
-            bias = any(sd[k].any() for k in biases)
-        elif not bias and any(sd[k].any() for k in biases):
-            raise ValueError("bias=False, but the Hugging Face model has nonzero biases")
-        if not bias:
-            sd = {k: v for k, v in sd.items() if k not in biases}
-
-        model = cls(GPTConfig(
-            block_size=get("n_positions", get("n_ctx", 1024)), vocab_size=get("vocab_size", 50257),
-            n_layer=get("n_layer", 12), n_head=get("n_head", 12), n_embd=n_embd, dropout=dropout, bias=bias,
-            scale_attn_by_inverse_layer_idx=get("scale_attn_by_inverse_layer_idx", False),
-        ))
-        expected = set(model.state_dict()) - {"lm_head.weight"}
-        missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
-        if missing or unexpected:
-            raise ValueError(f"the Hugging Face state dict does not fit this config: missing {missing[:5]}"
-                             f"{' ...' * (len(missing) > 5)}, unexpected {unexpected[:5]}{' ...' * (len(unexpected) > 5)}")
-        model.load_state_dict(sd, strict=False)  # lm_head.weight is wte
-        return model.eval()
-
-
-def _read_hf(folder):
-    """(config, state dict) of a Hugging Face model folder, on the CPU."""
-    import safetensors.torch
-
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
-    config = json.loads((folder / "config.json").read_text())
-    if (folder / "model.safetensors").is_file():
-        return config, safetensors.torch.load_file(folder / "model.safetensors")
-    if (folder / "model.safetensors.index.json").is_file():
-        shards = set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())
-        return config, {k: v for shard in sorted(shards) for k, v in safetensors.torch.load_file(folder / shard).items()}
-    if (folder / "pytorch_model.bin").is_file():
-        return config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")

@@ -14,11 +14,10 @@ import math
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -27,13 +26,11 @@ from configs import TrainConfig, load_config, save_config
 from data.loader import TokenLoader
 from data.tokenizer import get_tokenizer
 from model import GPT
-from optim.diagnostics import DiagnosticsMixin
-from training import checkpoint, distributed
-from training.metrics import MetricsLogger
+from optim.protocol import LossFn
+from training import distributed
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.metrics import MetricsLogger, peak_bf16_flops
 from training.schedule import learning_rate
-
-# Dense bf16 peak of common training GPUs, for MFU (config.peak_flops overrides).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -46,13 +43,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
     if config.peak_flops is not None or device.type != "cuda":
         return config.peak_flops
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return peak_bf16_flops(torch.cuda.get_device_name(device))
 
 
 class Trainer:
+    """The training loop; to the optimizer it is an ``optim.TrainingLoop`` (``model``, ``seed``,
+    ``gradients``), which the optimizer's ``after_step`` may use for extra passes."""
+
     def __init__(self, config: TrainConfig):
         self.config = config
+        self.seed = config.seed
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
         self.run_dir = Path(config.out_dir) / config.run_name
@@ -69,7 +69,8 @@ class Trainer:
         self.optimizer = optim.build(
             config.optimizer, self.model, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.beta1, config.beta2), eps=config.eps, decay_embeddings=config.decay_embeddings,
-            batch_tokens=config.batch_size * self.model_config.block_size, **config.optimizer_options)
+            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
+            **config.optimizer_options)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
 
         block = self.model_config.block_size
@@ -110,6 +111,7 @@ class Trainer:
                                          project=config.wandb_project, entity=config.wandb_entity,
                                          group=config.wandb_group, resume_step=self.step if config.resume else None)
             self.describe()
+            self.metrics.log_run_info({"optim_backend": config.optim_backend, **self.optimizer.backends()})
         progress = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, unit="step",
                         dynamic_ncols=True)
         loss_sum, steps_since_log, interval_start = torch.zeros((), device=self.device), 0, time.perf_counter()
@@ -120,7 +122,7 @@ class Trainer:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
             loss_sum += self.train_step(diagnose=log_step and ctx.is_main)
             self.step += 1
-            self.optimizer_hooks()
+            self.optimizer.after_step(self.step, self)
             steps_since_log += 1
             progress.update()
             final = self.step == self.total_steps
@@ -156,18 +158,18 @@ class Trainer:
                            decay_fraction=self.config.decay_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total_loss = self.forward_backward(lambda x, y, offset: self.train_model(x, y)[1])
+        total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y)[1])
         self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
-        if diagnose and isinstance(self.optimizer, DiagnosticsMixin):
+        if diagnose:
             self.optimizer.request_diagnostics()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total_loss
 
-    def forward_backward(self, loss_fn) -> torch.Tensor:
-        """Accumulate the gradient of loss_fn(x, y, stream offset of x) over the global batch's
-        micro-batches, unscaled and all-reduced; returns the mean loss."""
+    def forward_backward(self, loss_fn: LossFn) -> torch.Tensor:
+        """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
+        batch's micro-batches, unscaled and all-reduced; returns the mean loss."""
         total_loss = torch.zeros((), device=self.device)
         for micro_step in range(self.grad_accum):
             offset = self.train_loader.next_offset
@@ -176,34 +178,17 @@ class Trainer:
             last = micro_step == self.grad_accum - 1
             sync = nullcontext() if last or not self.ctx.enabled else self.train_model.no_sync()
             with sync, self.autocast:
-                loss = loss_fn(x, y, offset) / self.grad_accum
+                loss = loss_fn(self.train_model, x, y, offset) / self.grad_accum
             self.scaler.scale(loss).backward()
             total_loss += loss.detach()
         self.scaler.unscale_(self.optimizer)
         return total_loss
 
-    def optimizer_hooks(self):
-        """Extra passes an optimizer asks for after its step: Sophia-G's Hessian estimate."""
-        wants_hessian = getattr(self.optimizer, "wants_hessian_update", None)
-        if wants_hessian is not None and wants_hessian(self.step):
-            self.hessian_pass()
-
-    def hessian_pass(self):
-        """Gauss-Newton-Bartlett estimate (Sophia-G): the gradient, on the next global batch, of the
-        loss against labels sampled from the model's own softmax at every position, clipped to
-        norm 1; the optimizer squares it into its Hessian EMA."""
-        def sampled_label_loss(x, _, offset):
-            logits = self.train_model(x)[0].float().flatten(0, 1)
-            # Seeded by the batch's place in the token stream, so the labels (and the estimate)
-            # are the same on any number of ranks, and after a resume.
-            generator = torch.Generator(self.device).manual_seed(self.config.seed * 1_000_003 + offset)
-            labels = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
-            return F.cross_entropy(logits, labels)
-
-        self.forward_backward(sampled_label_loss)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        if norm.isfinite():  # fp16 overflow: skip this estimate (one host sync every k steps)
-            self.optimizer.update_hessian()
+    @contextmanager
+    def gradients(self, loss_fn: LossFn):
+        """``optim.TrainingLoop.gradients``: the gradient of loss_fn over the next global batch."""
+        self.forward_backward(loss_fn)
+        yield
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -215,8 +200,7 @@ class Trainer:
         tokens_per_s = steps * self.tokens_per_step / elapsed
         record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                   "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
-        if isinstance(self.optimizer, DiagnosticsMixin):
-            record.update(self.optimizer.pop_diagnostics())
+        record.update(self.optimizer.pop_diagnostics())
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
             record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
@@ -273,6 +257,7 @@ class Trainer:
               f"global batch {c.batch_size} x {m.block_size} tokens = micro {c.micro_batch_size} x "
               f"{self.ctx.world_size} ranks x {self.grad_accum} accumulation; {self.total_steps} steps "
               f"on {self.device}")
+        print(f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{self.optimizer.describe()}")
 
     # --- checkpoints ---
     def save_checkpoint(self):
@@ -280,13 +265,11 @@ class Trainer:
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
         if self.ctx.is_main:
-            checkpoint.save({
-                "model": self.model.state_dict(), "model_args": vars(self.model_config).copy(),
-                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                "step": self.step, "tokens": self.step * self.tokens_per_step, "rng": rng_per_rank,
-                "train_loader": self.train_loader.state_dict(), "config": self.config.to_dict(),
-                "code_version": checkpoint.code_version(),
-            }, self.run_dir / checkpoint.CHECKPOINT_NAME)
+            Checkpoint(model=self.model.state_dict(), model_args=vars(self.model_config).copy(),
+                       optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
+                       tokens=self.step * self.tokens_per_step, rng=rng_per_rank,
+                       train_loader=self.train_loader.state_dict(), config=self.config.to_dict(),
+                       optim_backends=self.optimizer.backends()).save(self.run_dir / CHECKPOINT_NAME)
         distributed.barrier(self.ctx)
 
     def zero_shot(self):
@@ -306,20 +289,20 @@ class Trainer:
                   if metric not in ("version", "n", "seconds") and value is not None})
 
     def restore(self):
-        path = self.run_dir / checkpoint.CHECKPOINT_NAME
-        state = checkpoint.load(path)
-        checkpoint.check_compatible(state, vars(self.model_config), self.config.to_dict(), path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.train_loader.load_state_dict(state["train_loader"])
-        self.step = state["step"]
+        path = self.run_dir / CHECKPOINT_NAME
+        state = Checkpoint.load(path)
+        state.check_compatible(vars(self.model_config), self.config.to_dict(), path)
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scaler.load_state_dict(state.scaler)
+        self.train_loader.load_state_dict(state.train_loader)
+        self.step = state.step
         # Each rank continues its own RNG stream. On another number of ranks the batches are split
         # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
         # has no state for keeps the fresh state seeded by seed + rank in __init__.
-        saved_ranks = len(state["rng"])
+        saved_ranks = len(state.rng)
         if self.ctx.rank < saved_ranks:
-            rng = state["rng"][self.ctx.rank]
+            rng = state.rng[self.ctx.rank]
             torch.set_rng_state(rng["cpu"])
             if rng["cuda"] is not None and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
@@ -329,7 +312,7 @@ class Trainer:
             print(f"resuming on {self.ctx.world_size} ranks from a checkpoint of {saved_ranks}: the global batches "
                   f"continue exactly from the saved data position, dropout noise does not{fresh}")
         if self.ctx.is_main:
-            print(f"resumed {path} at step {self.step} (written by code {state['code_version']})")
+            print(f"resumed {path} at step {self.step} (written by code {state.code_version})")
 
     def close(self):
         """Stop the loaders' prefetch threads and leave the process group."""

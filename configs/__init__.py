@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model import GPTConfig
+from optim.backends import SETTINGS as BACKENDS
 
 VOCAB_MULTIPLE = 64  # pad the vocabulary so the LM head's matmul has friendly shapes (50257 -> 50304)
 
@@ -71,6 +72,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     decay_embeddings: bool = False
     optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
+    optim_backend: str = "auto"  # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
 
     # --- evaluation, logging, checkpoints ---
     log_interval: int = 10  # steps between metric lines (loss, lr, grad norm, speed, max logits)
@@ -106,6 +108,8 @@ class TrainConfig:
         _check(self.lr_schedule in ("cosine", "wsd"), f"lr_schedule={self.lr_schedule!r}: use 'cosine' or 'wsd'")
         _check(self.wandb_mode in ("online", "offline", "disabled"),
                f"wandb_mode={self.wandb_mode!r}: use 'online', 'offline' or 'disabled'")
+        _check(self.optim_backend in BACKENDS,
+               f"optim_backend={self.optim_backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
         _check(0.0 <= self.min_lr <= self.lr, f"min_lr={self.min_lr} must lie in [0, lr={self.lr}]")

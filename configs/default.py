@@ -1,6 +1,6 @@
 # The CPU demo: a small GPT on Shakespeare (byte-level), trained with MERIT in a few minutes on
 # 2 cores. Prepare the data, then train:
-#   python data/prepare.py shakespeare --tokenizer byte
+#   python -m data.prepare shakespeare --tokenizer byte
 #   python train.py configs/default.py
 
 run_name = "default"

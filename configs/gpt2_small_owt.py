@@ -1,6 +1,6 @@
 # GPT-2 Small (124M) on OpenWebText, the setup of the Sophia/nanoGPT GPT-2 scripts the MERIT paper
 # builds on: 100k steps of 480 x 1024 tokens, 2000 warmup steps, cosine to min_lr, clip 1.0.
-# Prepare the data first: python data/prepare.py openwebtext
+# Prepare the data first: python -m data.prepare openwebtext
 # Launch: torchrun --nproc_per_node=8 train.py configs/gpt2_small_owt.py   (accumulation 480 / (12 x 8) = 5)
 # Other optimizers: --optimizer=merit --lr=... --weight_decay=... (tune lr per optimizer, see README).
 

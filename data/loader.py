@@ -174,7 +174,7 @@ class TokenLoader:
                     f"align_documents: the {self.split!r} split of {self.data_dir} contains no "
                     f"end-of-text token (id {self.eot_token}), so no row can start at a document. "
                     "The shards were made with another tokenizer or without document separators: "
-                    "re-prepare them with data/prepare.py, or set align_documents=False."
+                    "re-prepare them with `python -m data.prepare`, or set align_documents=False."
                 )
             offset = shard_start + len(self.shards[shard])
 
@@ -244,7 +244,7 @@ class TokenLoader:
             raise ValueError(
                 f"shard {self.shard_paths[shard]} holds token id {max_token}, but the tokenizer "
                 f"has only {self.vocab_size} tokens (ids 0..{self.vocab_size - 1}): the data was "
-                "prepared with another tokenizer. Re-prepare it with `python data/prepare.py "
+                "prepared with another tokenizer. Re-prepare it with `python -m data.prepare "
                 "--tokenizer NAME ...` naming this run's tokenizer, or set the config's tokenizer "
                 "to the one the data was made with."
             )

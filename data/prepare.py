@@ -1,10 +1,10 @@
 """Tokenize a corpus into train/val shards plus a manifest.json describing them.
 
-    python data/prepare.py shakespeare --tokenizer byte     # the CPU demo's corpus
-    python data/prepare.py openwebtext                      # nanoGPT's OpenWebText split
-    python data/prepare.py openwebtext --source DIR         # the same, from a local copy of the hub's parquet files
-    python data/prepare.py --dataset NAME [--config C] [--split S] [--text-column T]
-    python data/prepare.py --files 'corpus/**/*.parquet' [--text-column T]   # .txt / .jsonl / .parquet
+    python -m data.prepare shakespeare --tokenizer byte     # the CPU demo's corpus
+    python -m data.prepare openwebtext                      # nanoGPT's OpenWebText split
+    python -m data.prepare openwebtext --source DIR         # the same, from a local copy of the hub's parquet files
+    python -m data.prepare --dataset NAME [--config C] [--split S] [--text-column T]
+    python -m data.prepare --files 'corpus/**/*.parquet' [--text-column T]   # .txt / .jsonl / .parquet
 
 Every document becomes the end-of-text token followed by its tokens (llm.c's convention), written
 to shards of --shard-tokens tokens in llm.c's format (data/shards.py).
@@ -32,19 +32,15 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
-# Run as a script, Python puts data/ (not the repo root) first on sys.path, and the imports
-# below, which name the package (`from data import ...`), would fail.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import numpy as np
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from atomic import atomic_write
+from data import assets
+from data.shards import ShardWriter, open_shard
+from data.tokenizer import get_tokenizer
 
-from data import assets, atomic_open  # noqa: E402
-from data.shards import ShardWriter, open_shard  # noqa: E402
-from data.tokenizer import get_tokenizer  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parent.parent  # default output: REPO_ROOT/cache/data/...
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
@@ -358,12 +354,12 @@ def read_progress(out_dir: Path, settings: dict) -> dict | None:
 
 
 def save_progress(out_dir: Path, progress: dict) -> None:
-    with atomic_open(out_dir / PROGRESS) as f:
+    with atomic_write(out_dir / PROGRESS) as f:
         f.write(json.dumps(progress).encode())
 
 
 def finish(out_dir: Path, manifest: dict, start: float) -> None:
-    with atomic_open(out_dir / MANIFEST) as f:  # written last: its presence means complete
+    with atomic_write(out_dir / MANIFEST) as f:  # written last: its presence means complete
         f.write(json.dumps(manifest, indent=2).encode())
     (out_dir / PROGRESS).unlink(missing_ok=True)
     splits = manifest["splits"]

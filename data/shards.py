@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import atomic_open
+from atomic import atomic_write, publish
 from data.assets import sha256_of
 
 MAGIC = 20240520
@@ -38,7 +38,7 @@ def as_uint16(tokens, where) -> np.ndarray:
 
 def write_shard(path, tokens) -> None:
     tokens = as_uint16(tokens, path)
-    with atomic_open(path) as f:
+    with atomic_write(path) as f:
         f.write(header(tokens.size))
         f.write(tokens.tobytes())
 
@@ -110,7 +110,8 @@ class ShardWriter:
         os.fsync(self.file.fileno())
         self.file.close()
         path = self._final_path()
-        os.replace(self._partial_path(), path)
+        # The partial file has a fixed name, not atomic_write's unique one: a rerun resumes it.
+        publish(self._partial_path(), path)
         self.shards.append({"file": path.name, "tokens": self.open_tokens, "sha256": sha256_of(path)})
 
     def _open_next(self) -> None:
@@ -146,19 +147,19 @@ def open_shard(path) -> np.ndarray:
         found = f"magic {header[0]}" if header.size else "an empty file"
         raise ValueError(
             f"{path} is not a token shard: found {found}, expected magic {MAGIC} (llm.c format: "
-            f"256 int32 header, then uint16 tokens). Re-create it with data/prepare.py; a "
+            f"256 int32 header, then uint16 tokens). Re-create it with `python -m data.prepare`; a "
             f"header-less nanoGPT file must be named {' or '.join(NANOGPT_FILE_NAMES)}."
         )
     version, n_tokens = int(header[1]), int(header[2])
     if version != VERSION:
         raise ValueError(f"{path}: shard version {version}, but only version {VERSION} (uint16 "
-                         "tokens) is supported. Re-create it with data/prepare.py.")
+                         "tokens) is supported. Re-create it with `python -m data.prepare`.")
     expected_bytes = HEADER_BYTES + 2 * n_tokens
     if file_bytes != expected_bytes:
         raise ValueError(
             f"{path}: file is {file_bytes} bytes but its header says {n_tokens} tokens "
             f"({expected_bytes} bytes): it is truncated or was not fully written. Delete it and "
-            "re-create it with data/prepare.py."
+            "re-create it with `python -m data.prepare`."
         )
     if n_tokens == 0:
         return np.zeros(0, dtype=np.uint16)  # np.memmap cannot map zero bytes
@@ -191,5 +192,5 @@ def list_shards(data_dir, split: str) -> list[Path]:
 
 
 def prepare_hint(data_dir) -> str:
-    return (f"prepare it with `python data/prepare.py shakespeare --out {data_dir}` "
-            f"(or `python data/prepare.py --files 'corpus/*.txt' --out {data_dir}`)")
+    return (f"prepare it with `python -m data.prepare shakespeare --out {data_dir}` "
+            f"(or `python -m data.prepare --files 'corpus/*.txt' --out {data_dir}`)")

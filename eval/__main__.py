@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from data import atomic_open
+from atomic import atomic_write
 from data.tokenizer import get_tokenizer
 from eval import evaluate, format_table
 from eval.scorer import Scorer
 from eval.tasks import resolve
+from hf import from_hf
 from model import GPT
 from training.checkpoint import load_model
 
@@ -27,10 +28,10 @@ from training.checkpoint import load_model
 def load(args) -> tuple[GPT, str, dict]:
     """(model, tokenizer name, description of where it came from)."""
     if args.hf:
-        return GPT.from_hf(args.hf), "gpt2", {"hf": str(args.hf)}
-    model, state = load_model(Path(args.ckpt))
-    return model, state["config"]["tokenizer"], {"ckpt": str(args.ckpt), "step": state["step"],
-                                                 "train_config": state["config"]}
+        return from_hf(args.hf), "gpt2", {"hf": str(args.hf)}
+    model, checkpoint = load_model(Path(args.ckpt))
+    return model, checkpoint.config["tokenizer"], {"ckpt": str(args.ckpt), "step": checkpoint.step,
+                                                   "train_config": checkpoint.config}
 
 
 def main(argv=None) -> None:
@@ -60,7 +61,7 @@ def main(argv=None) -> None:
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),
               "eval_config": {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()},
               "command": sys.argv}
-    with atomic_open(out) as f:
+    with atomic_write(out) as f:
         f.write(json.dumps(record, indent=2).encode())
     print(f"wrote {out}")
 

@@ -23,8 +23,8 @@ class NanoMeritLM(TemplateLM):
 
     @classmethod
     def from_checkpoint(cls, path, batch_size: int = 16, device: str = "cpu") -> "NanoMeritLM":
-        model, state = load_model(path)
-        tokenizer = get_tokenizer(state["config"]["tokenizer"])
+        model, checkpoint = load_model(path)
+        tokenizer = get_tokenizer(checkpoint.config["tokenizer"])
         return cls(Scorer(model.to(device), tokenizer, batch_size=batch_size, device=device))
 
     @property

@@ -1,32 +1,39 @@
 """Optimizer registry: ``build(name, model, lr=...)`` is how the framework creates optimizers.
 
-Registering an optimizer is one entry in ``_REGISTRY``: a callable (class or function) taking
-``(params, *, lr, weight_decay, betas, eps, <its own options>)`` with its own defaults for
-betas/eps. ``build`` checks options against that signature, so no other code changes.
+Registering an optimizer is one entry in ``_REGISTRY`` (or one ``register`` call, for an
+optimizer defined outside this package): a callable (class or function) taking
+``(params, *, lr, weight_decay, betas, eps, backend, <its own options>)`` with its own defaults
+for betas/eps. ``build`` checks options against that signature, so no other code changes;
+docs/architecture.md walks through adding one.
 """
 import difflib
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .adamw import adamw
+from .backends import SETTINGS as BACKENDS
+from .base import Optimizer
 from .lamb import LAMB
 from .lion import Lion
 from .merit import MERIT
 from .param_groups import param_groups
+from .protocol import TrainingHooks, TrainingLoop
 from .sophia import SophiaG
 
-__all__ = ["Lion", "MERIT", "SophiaG", "adamw", "available", "build", "param_groups"]
+__all__ = ["BACKENDS", "LAMB", "Lion", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "TrainingLoop", "adamw",
+           "available", "build", "param_groups", "register"]
 
-_REGISTRY = {
+_REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
     "lamb": LAMB,
     "lion": Lion,
     "merit": MERIT,
     "sophiag": SophiaG,
 }
-_COMMON = ("lr", "weight_decay", "betas", "eps")
+_COMMON = ("lr", "weight_decay", "betas", "eps", "backend")
 _CONTEXT = ("batch_tokens",)  # supplied by the training loop, see build
 
 
@@ -35,16 +42,25 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def register(name: str, factory: Callable) -> None:
+    """Make ``build(name, ...)`` (and so a config's ``optimizer = name``) create ``factory``'s optimizer."""
+    key = name.lower()
+    if key in _REGISTRY:
+        raise ValueError(f"an optimizer named {key!r} is already registered")
+    _REGISTRY[key] = factory
+
+
 def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,
           betas: tuple[float, float] | None = None, eps: float | None = None,
-          decay_embeddings: bool = False, batch_tokens: int | None = None,
+          decay_embeddings: bool = False, batch_tokens: int | None = None, backend: str = "auto",
           **options) -> torch.optim.Optimizer:
     """Create optimizer ``name`` (case-insensitive).
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
     matrices only); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
     dicts), passed through unchanged with ``weight_decay`` as the default for every group.
-    ``betas``/``eps`` None keep the optimizer's own defaults. ``options`` are optimizer-specific.
+    ``betas``/``eps`` None keep the optimizer's own defaults. ``backend``: who runs the fused
+    operations, one of ``BACKENDS`` (optim/backends/). ``options`` are optimizer-specific.
     ``batch_tokens`` (tokens per optimizer step) is context the training loop supplies to every
     optimizer: it is passed to the factories whose signature takes it (e.g. Sophia-G's Hessian
     scale, which then requires it) and ignored by the others.
@@ -68,7 +84,7 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
         raise ValueError("decay_embeddings=True needs an nn.Module to find the embeddings")
     else:
         params = model_or_named_params
-    kwargs = {"lr": lr, "weight_decay": weight_decay, **options}
+    kwargs = {"lr": lr, "weight_decay": weight_decay, "backend": backend, **options}
     if betas is not None:
         kwargs["betas"] = tuple(betas)
     if eps is not None:

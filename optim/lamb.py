@@ -1,17 +1,16 @@
-"""LAMB (You et al., ICLR 2020) as the MERIT paper's baseline: the pytorch-lamb style of
-optimizers.md, sharing MERIT's two passes (optim/passes.py)."""
+"""LAMB (You et al., ICLR 2020) as the MERIT paper's baseline, pytorch-lamb style
+(docs/optimizers.md, "LAMB"), on MERIT's two fused passes (optim/backends/)."""
 import math
 
 import torch
 from torch import Tensor
 
-from . import passes
-from .trust_ratio import TrustRatioOptimizer
+from .base import Optimizer, step_counter, zeros_like
 
 _MAX_WEIGHT_NORM = 10.0
 
 
-class LAMB(TrustRatioOptimizer):
+class LAMB(Optimizer):
     """LAMB optimizer, pytorch-lamb style (defaults lr=1e-3, betas=(0.9, 0.999), eps=1e-6, wd=0).
 
     Per tensor, vectors included::
@@ -28,26 +27,31 @@ class LAMB(TrustRatioOptimizer):
     ``trust_ratio`` per parameter (1 where the guard or ratio_only_with_decay applies).
     """
 
-    _FLAGS = ("bias_correction", "ratio_only_with_decay")
+    FLAGS = ("bias_correction", "ratio_only_with_decay")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, *, bias_correction: bool = False,
-                 ratio_only_with_decay: bool = False):
+                 ratio_only_with_decay: bool = False, backend: str = "auto"):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "bias_correction": bias_correction,
-                                  "ratio_only_with_decay": ratio_only_with_decay})
+                                  "ratio_only_with_decay": ratio_only_with_decay}, backend=backend)
 
-    def _update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def init_state(self, p: Tensor) -> dict:
+        return {"step": step_counter(), "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
+
+    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+        (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
         scales = {}
         if group["bias_correction"]:
-            beta1, beta2 = group["betas"]
             step = state["step"].item()  # a CPU tensor: no device sync
             scales = {"m_scale": 1 / (1 - beta1 ** step), "v_scale": 1 / math.sqrt(1 - beta2 ** step)}
         use_ratio = group["weight_decay"] != 0 or not group["ratio_only_with_decay"]
-        ratios = self._pass1(p, state, group, reduce="tensor" if use_ratio else "none", l2=True,
-                             max_p_norm=_MAX_WEIGHT_NORM, **scales)
+        ops = self.implementation(group, p, p.grad, m, v)
+        ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
+                                        wd=group["weight_decay"], reduce="tensor" if use_ratio else "none", l2=True,
+                                        max_p_norm=_MAX_WEIGHT_NORM, **scales)
         trust = ratios[0] if use_ratio else None  # None: ratio 1
-        passes.apply_update(p, p.grad, trust, None, lr=group["lr"], clip=False, count=False)
+        ops.apply_update(p, p.grad, trust, None, lr=group["lr"], clip=False, count=False)
         if self.diagnostics_requested:
             one = torch.ones((), device=p.device)
             self.record_diagnostics(group, index, trust_ratio=one if trust is None else trust.nan_to_num(nan=1.0))

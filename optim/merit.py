@@ -1,17 +1,16 @@
-"""MERIT (Luo et al., ICML 2025), exactly as optimizers.md specifies, with the paper's ablations.
+"""MERIT (Luo et al., ICML 2025) with the paper's ablations (docs/optimizers.md, "MERIT").
 
-Per tensor, the spec's two passes (optim/passes.py: C++ kernels on CPU, torch elsewhere):
+Per tensor, two fused passes (optim/backends/):
   pass 1: update m and v, write u into p.grad, return the row, column and weight-wise ratios;
   pass 2: p -= lr * clamp(s * u, -1, 1), s = max(r_i, c_j, b).
 """
 import torch
 from torch import Tensor
 
-from . import passes
-from .trust_ratio import TrustRatioOptimizer
+from .base import Optimizer, step_counter, zeros_like
 
 
-class MERIT(TrustRatioOptimizer):
+class MERIT(Optimizer):
     """MERIT optimizer.
 
     Defaults are the authors' constructor defaults (lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
@@ -43,27 +42,37 @@ class MERIT(TrustRatioOptimizer):
     elements with |s * u| > 1 (those the clip changes, or would change without it).
     """
 
-    _FLAGS = ("maxlamb", "elementwise_clip", "weightwise_lower_bound")
+    FLAGS = ("maxlamb", "elementwise_clip", "weightwise_lower_bound")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, *, maxlamb: bool = False,
-                 elementwise_clip: bool = True, weightwise_lower_bound: bool = True, norm: str = "max"):
+                 elementwise_clip: bool = True, weightwise_lower_bound: bool = True, norm: str = "max",
+                 backend: str = "auto"):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "maxlamb": maxlamb, "elementwise_clip": elementwise_clip,
-                                  "weightwise_lower_bound": weightwise_lower_bound, "norm": norm})
+                                  "weightwise_lower_bound": weightwise_lower_bound, "norm": norm},
+                         backend=backend)
 
-    def _check_options(self, group: dict) -> None:
-        super()._check_options(group)
+    def check_options(self, group: dict) -> None:
         if group["norm"] not in ("max", "l2"):
             raise ValueError(f"Invalid norm: {group['norm']!r} (must be 'max' or 'l2')")
         if group["maxlamb"] and not group["weightwise_lower_bound"]:
             raise ValueError("Invalid weightwise_lower_bound: False with maxlamb=True "
                              "(maxlamb uses the weight-wise ratio alone)")
 
-    def _update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
-        elementwise = p.ndim >= 2 and not group["maxlamb"]
-        ratios = self._pass1(p, state, group, reduce="rows_cols" if elementwise else "tensor",
-                             l2=group["norm"] == "l2")
+    def init_state(self, p: Tensor) -> dict:
+        return {"step": step_counter(), "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
+
+    def reduces_rows_cols(self, p: Tensor, group: dict) -> bool:
+        return p.ndim >= 2 and not group["maxlamb"]
+
+    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+        elementwise = self.reduces_rows_cols(p, group)
+        (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
+        ops = self.implementation(group, p, p.grad, m, v)
+        ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
+                                        wd=group["weight_decay"], reduce="rows_cols" if elementwise else "tensor",
+                                        l2=group["norm"] == "l2")
         if elementwise:
             rows, cols, whole = ratios
             if group["weightwise_lower_bound"]:
@@ -73,8 +82,8 @@ class MERIT(TrustRatioOptimizer):
         else:
             (rows,), cols = ratios, None
         diagnose = self.diagnostics_requested
-        clipped = passes.apply_update(p, p.grad, rows, cols, lr=group["lr"], count=diagnose,
-                                      clip=group["elementwise_clip"] and not group["maxlamb"])
+        clipped = ops.apply_update(p, p.grad, rows, cols, lr=group["lr"], count=diagnose,
+                                   clip=group["elementwise_clip"] and not group["maxlamb"])
         if diagnose:
             self.record_diagnostics(group, index, **_trust_ratio_stats(rows, cols, p.numel()),
                                     clip_fraction=clipped / p.numel())

@@ -1,21 +1,21 @@
-"""Sophia-G (Liu et al., 2023), exactly as optimizers.md specifies:
+"""Sophia-G (Liu et al., 2023), docs/optimizers.md "Sophia-G":
 
     p = p * (1 - lr*wd)
     m = b1*m + (1-b1)*g
     p = p - lr * sign(m) * min(|m| / (rho * bs * h + eps), 1)      # eps = 1e-15
 
-with ``h`` an EMA (beta2) of squared Gauss-Newton-Bartlett gradients, refreshed every
-``hessian_interval`` steps by the training loop (``wants_hessian_update`` / ``update_hessian``),
-and ``bs`` the tokens per optimizer step.
+with ``h`` an EMA (beta2) of squared Gauss-Newton-Bartlett gradients, refreshed after every
+``hessian_interval``-th step (``after_step``), and ``bs`` the tokens per optimizer step.
 """
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from . import kernels, triton_ops
-from .lion import SignOptimizer
+from .base import Optimizer, step_counter, zeros_like
+from .protocol import LossFn, TrainingLoop
 
 
-class SophiaG(SignOptimizer):
+class SophiaG(Optimizer):
     """Sophia-G optimizer.
 
     ``batch_tokens`` (required): tokens per optimizer step (global batch sequences x block size),
@@ -32,89 +32,76 @@ class SophiaG(SignOptimizer):
     0.1-0.5) and ``update_rms``.
     """
 
+    RECORDS_UPDATE_RMS = True
+    _ATTRIBUTES = (*Optimizer._ATTRIBUTES, "batch_tokens", "hessian_interval")
+
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.965, 0.99),
                  rho: float = 0.04, eps: float = 1e-15, weight_decay: float = 0.0, *,
-                 batch_tokens: int | None = None, hessian_interval: int = 10):
+                 batch_tokens: int | None = None, hessian_interval: int = 10, backend: str = "auto"):
         if batch_tokens is None or not batch_tokens > 0:
             raise ValueError(f"Sophia-G needs batch_tokens > 0 (tokens per optimizer step, the "
                              f"Hessian scale), got batch_tokens={batch_tokens}")
         if not (isinstance(hessian_interval, int) and hessian_interval >= 1):
             raise ValueError(f"Invalid hessian_interval: {hessian_interval} (must be an int >= 1)")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "rho": rho, "eps": eps,
-                                  "weight_decay": weight_decay})
+        super().__init__(params, {"lr": lr, "betas": betas, "rho": rho, "eps": eps, "weight_decay": weight_decay},
+                         backend=backend)
         self.batch_tokens = batch_tokens
         self.hessian_interval = hessian_interval
 
-    def __getstate__(self) -> dict:
-        # Pickling (deepcopy, torch.save of the optimizer) keeps only torch's own attributes.
-        return {**super().__getstate__(), "batch_tokens": self.batch_tokens,
-                "hessian_interval": self.hessian_interval}
-
-    @staticmethod
-    def check_hyperparameters(h: dict) -> None:
-        SignOptimizer.check_hyperparameters(h)
+    def check_options(self, h: dict) -> None:
         if not h["rho"] >= 0.0:
             raise ValueError(f"Invalid rho value: {h['rho']} (must be >= 0)")
         # eps > 0 keeps the denominator positive where h = 0 (before the first Hessian update).
         if not h["eps"] > 0.0:
             raise ValueError(f"Invalid epsilon value: {h['eps']} (must be > 0)")
 
-    def wants_hessian_update(self, step: int) -> bool:
-        """Whether to call ``update_hessian`` after optimizer step number ``step`` (1-based)."""
+    def init_state(self, p: Tensor) -> dict:
+        return {"step": step_counter(), "exp_avg": zeros_like(p), "hessian": zeros_like(p)}
+
+    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+        (beta1, _), m, h = group["betas"], state["exp_avg"], state["hessian"]
+        scale = group["rho"] * self.batch_tokens
+        self.implementation(group, p, p.grad, m, h).sophia_step(
+            p, p.grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"])
+        if self.diagnostics_requested:
+            self.record_diagnostics(group, index, win_rate=(m.abs() < h * scale).float().mean())
+
+    def hessian_due(self, step: int) -> bool:
+        """Whether the Hessian estimate is refreshed after optimizer step ``step`` (1-based)."""
         return step % self.hessian_interval == 0
+
+    def after_step(self, step: int, loop: TrainingLoop) -> None:
+        """The Gauss-Newton-Bartlett estimate, every ``hessian_interval`` steps: the gradient, on
+        the next global batch, of the loss against labels sampled from the model's own softmax at
+        every position, clipped to norm 1, squared into h (skipped if not finite: fp16 overflow)."""
+        if not self.hessian_due(step):
+            return
+        with loop.gradients(sampled_label_loss(loop.seed)):
+            norm = torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1.0)
+            if norm.isfinite():  # one host sync every hessian_interval steps
+                self.update_hessian()
 
     @torch.no_grad()
     def update_hessian(self) -> None:
-        """h = b2*h + (1-b2)*g*g, with g each parameter's ``.grad``.
-
-        The caller puts there the gradient of the Gauss-Newton-Bartlett loss (labels sampled from
-        the model's softmax at all positions), clipped to global norm 1 and all-reduced.
-        """
+        """h = b2*h + (1-b2)*g*g, with g each parameter's ``.grad`` (the estimate's gradient)."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             grads = [p.grad for p in params]
-            hessians = [self._state(p)["hessian"] for p in params]
+            hessians = [self.state_of(p)["hessian"] for p in params]
             beta2 = group["betas"][1]
             torch._foreach_mul_(hessians, beta2)
             torch._foreach_addcmul_(hessians, grads, grads, value=1 - beta2)
 
-    def _step_group(self, group: dict, params: list[Tensor]) -> None:
-        lr, wd, (beta1, _), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
-        scale = group["rho"] * self.batch_tokens
-        grads = [p.grad for p in params]
-        states = [self._state(p) for p in params]
-        for state in states:
-            state["step"] += 1
-        exp_avgs = [state["exp_avg"] for state in states]
-        if all(kernels.usable(p, g, s["exp_avg"], s["hessian"]) for p, g, s in zip(params, grads, states)):
-            for p, g, state in zip(params, grads, states):
-                torch.ops.nanomerit.sophia_step(p, g, state["exp_avg"], state["hessian"], lr, wd, beta1, scale, eps)
-        elif all(triton_ops.usable(p, g, s["exp_avg"], s["hessian"]) for p, g, s in zip(params, grads, states)):
-            for p, g, state in zip(params, grads, states):
-                triton_ops.sophia_step(p, g, state["exp_avg"], state["hessian"], lr=lr, wd=wd, beta1=beta1,
-                                       scale=scale, eps=eps)
-        else:
-            if wd != 0:
-                torch._foreach_mul_(params, 1 - lr * wd)
-            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)       # m = b1*m + (1-b1)*g
-            for p, state in zip(params, states):
-                # sign(m) * min(|m| / d, 1) == clamp(m / d, -1, 1) bitwise for d > 0 (eps > 0): IEEE
-                # division is sign-symmetric, so one temporary does the work of three.
-                u = torch.mul(state["hessian"], scale, out=self.scratch(p)).add_(eps)
-                p.add_(torch.div(state["exp_avg"], u, out=u).clamp_(-1.0, 1.0), alpha=-lr)
-        if self.diagnostics_requested:
-            for index, p in enumerate(group["params"]):
-                if p.grad is not None:
-                    m, h = self.state[p]["exp_avg"], self.state[p]["hessian"]
-                    win_rate = (m.abs() < h * scale).float().mean()
-                    self.record_diagnostics(group, index, win_rate=win_rate)
 
-    def _state(self, p: Tensor) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["hessian"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return state
+def sampled_label_loss(seed: int) -> LossFn:
+    """Cross-entropy of the model's logits against labels sampled from its own softmax."""
+    def loss(model: nn.Module, x: Tensor, _: Tensor, offset: int) -> Tensor:
+        logits = model(x)[0].float().flatten(0, 1)
+        # Seeded by the batch's place in the token stream, so the labels (and the estimate) are
+        # the same on any number of ranks, and after a resume.
+        generator = torch.Generator(logits.device).manual_seed(seed * 1_000_003 + offset)
+        labels = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+        return F.cross_entropy(logits, labels)
+    return loss

@@ -1,6 +1,6 @@
 """Data pipeline speed and memory: preparation and loading.
 
-    python scripts/bench_data.py [--tokens 50_000_000] [--workers 1 2]
+    python -m scripts.bench_data [--tokens 50_000_000] [--workers 1 2]
 
 1. Writes a synthetic corpus of about --tokens GPT-2 tokens as parquet files laid out like the
    hub's export, then prepares it with data/prepare.py once per --workers value and with a plain
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 VOCABULARY = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
               "have an they you were her she there been one all we their has would when if so no will more "
@@ -86,8 +85,8 @@ def child(kind: str, source: str, out_dir: str, workers: int) -> None:
 def measure(kind: str, source: Path, workers: int, scratch: Path) -> dict:
     out_dir = scratch / f"{kind}-{workers}"
     out_dir.mkdir()
-    result = subprocess.run([sys.executable, __file__, "--child", kind, str(source), str(out_dir), str(workers)],
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_data", "--child", kind, str(source), str(out_dir),
+                             str(workers)], cwd=ROOT, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"{kind} with {workers} workers failed:\n{result.stderr[-3000:]}")
     return {**json.loads(result.stdout.strip().splitlines()[-1]), "out_dir": out_dir}

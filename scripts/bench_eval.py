@@ -1,27 +1,21 @@
 """Zero-shot evaluation speed: our evaluator against lm-evaluation-harness's `hf` backend, on the
 same exported model and the same local task files, in one run.
 
-    python scripts/bench_eval.py [--model mini] [--copies 20] [--batch-size 16] [--tasks paper]
+    python -m scripts.bench_eval [--model mini] [--copies 20] [--batch-size 16] [--tasks paper]
 
 Builds a GPT of the --model preset (random weights: speed does not depend on them), saves it as a
-checkpoint and exports it with scripts/export_hf.py; writes task files in the hub's schemas: the
-test fixtures (tests/eval_fixtures.py), each example repeated --copies times with a marker that
+checkpoint and exports it with hf.export; writes task files in the hub's schemas: the sample
+tasks (eval/samples.py), each example repeated --copies times with a marker that
 makes every copy a different text (identical requests would be scored once by our evaluator).
 Then times `python -m eval`'s evaluate() and lm_eval.simple_evaluate(model="hf") at the same
 batch size, checks that every metric agrees, and prints examples/s of both and the ratio.
 """
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 # Where each task's copies get their marker, so that prompts stay well formed: a field and whether
 # the marker goes before or after its text (span indices count from the start; LAMBADA's last
@@ -38,7 +32,7 @@ MARKED_FIELDS = {
 def write_task_files(data_dir: Path, copies: int) -> int:
     """The fixtures, each example `copies` times with a distinct marker; the number of examples."""
     import json
-    from eval_fixtures import write_fixtures
+    from eval.samples import write_fixtures
     rows = write_fixtures(data_dir)
     total = 0
     for task, task_rows in rows.items():
@@ -69,10 +63,10 @@ def main() -> None:
     from eval import evaluate
     from eval.scorer import Scorer
     from eval.tasks import resolve
-    from eval_fixtures import write_harness_tasks
-    from export_hf import export
+    from eval.samples import write_harness_tasks
+    from hf import export
     from model import GPT, GPTConfig
-    from training import checkpoint
+    from training.checkpoint import Checkpoint
 
     torch.manual_seed(0)
     config = GPTConfig.preset(args.model, block_size=1024)
@@ -80,8 +74,7 @@ def main() -> None:
     tasks = resolve(args.tasks)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        checkpoint.save({"model": model.state_dict(), "model_args": vars(config), "config": {"tokenizer": "gpt2"},
-                         "step": 0}, scratch / "ckpt.pt")
+        Checkpoint.of_model(model, "gpt2").save(scratch / "ckpt.pt")
         export(scratch / "ckpt.pt", scratch / "hf")
         n_examples = write_task_files(scratch / "tasks", args.copies)
         written = write_harness_tasks(scratch / "harness_tasks", scratch / "tasks")

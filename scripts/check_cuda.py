@@ -1,12 +1,12 @@
 """The checks to run on a GPU when one is at hand: one command, a few minutes on an H200.
 
-    python scripts/check_cuda.py                        # CUDA (Triton comes with PyTorch's CUDA builds)
-    python scripts/check_cuda.py --device cpu --quick   # the same code on the CPU: Triton's
+    python -m scripts.check_cuda                        # CUDA (Triton comes with PyTorch's CUDA builds)
+    python -m scripts.check_cuda --device cpu --quick   # the same code on the CPU: Triton's
                                                         # interpreter, small shapes (a test runs this)
 
 1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion and Sophia-G take 20 steps (4 with --quick) on
-   their Triton kernels (optim/triton_ops.py) and, from the same start, on their torch code on the
-   same device and dtype, and in float64 on the CPU; fp32 and bf16. On CUDA the Triton steps run
+   their Triton kernels (optim_backend "triton") and, from the same start, on the torch reference
+   ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and bf16. On CUDA the Triton steps run
    under torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
 2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
    Small shapes, fp32 and bf16.
@@ -19,28 +19,29 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model import GPT, GPTConfig  # noqa: E402
-from optim import LAMB, MERIT, Lion, SophiaG, kernels, triton_ops  # noqa: E402
+from model import GPT, GPTConfig
+from optim import LAMB, MERIT, Lion, SophiaG
+from training.metrics import peak_bf16_flops
 
-H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s
+# Each maker takes (params, backend).
 OPTIMIZERS = {
-    "merit": lambda ps: MERIT(ps, lr=0.02, betas=(0.9, 0.95), weight_decay=0.1),
-    "merit l2": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, norm="l2"),
-    "merit no clip": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, elementwise_clip=False),
-    "merit no lower bound": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, weightwise_lower_bound=False),
-    "maxlamb": lambda ps: MERIT(ps, lr=0.02, weight_decay=0.1, maxlamb=True),
-    "lamb": lambda ps: LAMB(ps, lr=0.02, weight_decay=0.1),
-    "lamb bias correction": lambda ps: LAMB(ps, lr=0.02, weight_decay=0.1, bias_correction=True),
-    "lion": lambda ps: Lion(ps, lr=1e-3, weight_decay=0.1),
-    "sophiag": lambda ps: SophiaG(ps, lr=1e-3, weight_decay=0.1, batch_tokens=4096, hessian_interval=2),
+    "merit": lambda ps, b: MERIT(ps, lr=0.02, betas=(0.9, 0.95), weight_decay=0.1, backend=b),
+    "merit l2": lambda ps, b: MERIT(ps, lr=0.02, weight_decay=0.1, norm="l2", backend=b),
+    "merit no clip": lambda ps, b: MERIT(ps, lr=0.02, weight_decay=0.1, elementwise_clip=False, backend=b),
+    "merit no lower bound": lambda ps, b: MERIT(ps, lr=0.02, weight_decay=0.1, weightwise_lower_bound=False,
+                                                backend=b),
+    "maxlamb": lambda ps, b: MERIT(ps, lr=0.02, weight_decay=0.1, maxlamb=True, backend=b),
+    "lamb": lambda ps, b: LAMB(ps, lr=0.02, weight_decay=0.1, backend=b),
+    "lamb bias correction": lambda ps, b: LAMB(ps, lr=0.02, weight_decay=0.1, bias_correction=True, backend=b),
+    "lion": lambda ps, b: Lion(ps, lr=1e-3, weight_decay=0.1, backend=b),
+    "sophiag": lambda ps, b: SophiaG(ps, lr=1e-3, weight_decay=0.1, batch_tokens=4096, hessian_interval=2,
+                                     backend=b),
 }
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs torch code
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs the torch reference
 failures = []
 
 
@@ -50,20 +51,13 @@ def report(name: str, ok: bool, detail: str) -> None:
         failures.append(name)
 
 
-def select(implementation: str, device: torch.device) -> None:
-    """Route the optimizers' steps: "triton" (its kernels) or "torch" (its torch code)."""
-    kernels.USE = False
-    triton_ops.USE = implementation == "triton"
-    triton_ops.DEVICE_TYPES = (device.type,)
-
-
-def run_optimizer(make, shapes, device, dtype, steps) -> list[torch.Tensor]:
+def run_optimizer(make, backend, shapes, device, dtype, steps) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter((0.5 * torch.randn(s, generator=gen, dtype=torch.float64)).to(device, dtype))
               for s in shapes]
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64) * (1 + k % 3) for s in shapes] for k in range(steps)]
-    opt = make(params)
-    check_syncs = device.type == "cuda" and triton_ops.USE
+    opt = make(params, backend)
+    check_syncs = device.type == "cuda" and backend == "triton"
     for k, gs in enumerate(grads):
         for p, g in zip(params, gs):
             p.grad = g.to(device, dtype)
@@ -71,7 +65,7 @@ def run_optimizer(make, shapes, device, dtype, steps) -> list[torch.Tensor]:
             opt.request_diagnostics()  # the diagnostics' counts sync, once, here
         with syncs_forbidden() if check_syncs and k < steps - 1 else nullcontext():
             opt.step()
-        if getattr(opt, "wants_hessian_update", lambda _: False)(k + 1):
+        if isinstance(opt, SophiaG) and opt.hessian_due(k + 1):
             for p, g in zip(params, gs):
                 p.grad = 0.1 * g.to(device, dtype)
             opt.update_hessian()
@@ -90,28 +84,25 @@ def check_optimizers(device: torch.device, quick: bool) -> None:
     shapes = [(40, 300), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
     steps = 4 if quick else 20
     for name, make in OPTIMIZERS.items():
-        select("torch", torch.device("cpu"))
-        reference = run_optimizer(make, shapes, torch.device("cpu"), torch.float64, steps)
+        reference = run_optimizer(make, "torch", shapes, torch.device("cpu"), torch.float64, steps)
         for dtype in (torch.float32, torch.bfloat16):
             label = f"optimizer {name} {str(dtype).removeprefix('torch.')}"
             results = {}
-            for implementation in ("triton", "torch"):
-                select(implementation, device)
+            for backend in ("triton", "torch"):
                 try:
-                    results[implementation] = run_optimizer(make, shapes, device, dtype, steps)
+                    results[backend] = run_optimizer(make, backend, shapes, device, dtype, steps)
                 except RuntimeError as error:  # a host sync, a kernel that failed
-                    report(f"{label} ({implementation})", False, f"{type(error).__name__}: {error}")
+                    report(f"{label} ({backend})", False, f"{type(error).__name__}: {error}")
                     break
             else:
                 vs_torch = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], results["torch"]))
                 vs_fp64 = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], reference))
-                report(label, vs_torch <= TOLERANCE[dtype], f"vs torch code {vs_torch:.1e}, vs float64 {vs_fp64:.1e}")
-    kernels.USE, triton_ops.USE, triton_ops.DEVICE_TYPES = True, True, ("cuda",)  # the defaults again
+                report(label, vs_torch <= TOLERANCE[dtype],
+                       f"vs torch reference {vs_torch:.1e}, vs float64 {vs_fp64:.1e}")
 
 
 def check_speed(device: torch.device) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_optim
+    from scripts import bench_optim
 
     for dtype in (torch.float32, torch.bfloat16):
         for name in ("merit", "lamb", "lion", "sophiag", "adamw"):
@@ -151,7 +142,7 @@ def check_model(device: torch.device, quick: bool) -> None:
                 losses[compiled] = loss.item()
         ms = 1e3 * sorted(times[3:])[len(times[3:]) // 2]
         tokens_per_s = batch * config.block_size / (ms / 1e3)
-        mfu = model.estimate_mfu(tokens_per_s, H200_BF16_PEAK)
+        mfu = model.estimate_mfu(tokens_per_s, peak_bf16_flops("H200"))
         label = "compiled" if compiled else "eager"
         report(f"model {label} bf16 train step", torch.isfinite(loss).item(),
                f"{ms:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, MFU {100 * mfu:.1f}% of H200 bf16 "
@@ -170,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # read when optim/triton_ops imports Triton, below
+        os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported, below
     elif not torch.cuda.is_available():
         sys.exit("check_cuda: no CUDA device here (use --device cpu --quick to run the checks on the CPU)")
     import triton

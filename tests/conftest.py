@@ -1,5 +1,5 @@
 """Shared fixtures: a small byte-level corpus written as shards, a runner for train.py, and the
-three implementations of the optimizers' steps."""
+three backends of the optimizers' fused operations."""
 
 import os
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from data.shards import write_shard
-from optim import kernels, triton_ops
+from optim.backends import cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king queen crown sword castle night morning river stone gold silver bright dark "
@@ -30,26 +30,21 @@ def make_text(n_sentences: int, seed: int) -> str:
                      for _ in range(n_sentences))
 
 
-@pytest.fixture
-def select_path(monkeypatch):
-    """A function that makes the optimizers' steps on CPU tensors run one implementation:
-    "kernels" (C++, optim/kernels.py), "triton" (optim/triton_ops.py, in Triton's interpreter) or
-    "torch"; it skips the test where the implementation is not available."""
-    def select(name: str) -> None:
-        if name == "kernels" and not kernels.built():
-            pytest.skip("the C++ optimizer kernels could not be built here")
-        if name == "triton":
-            pytest.importorskip("triton", reason="Triton is not installed (requirements-dev.txt)")
-        monkeypatch.setattr(kernels, "USE", name == "kernels")
-        monkeypatch.setattr(triton_ops, "DEVICE_TYPES", ("cpu",) if name == "triton" else ("cuda",))
-    return select
+def require_backend(name: str) -> str:
+    """``name``, a backend of the optimizers' fused operations (optim/backends/), after skipping the
+    test where it cannot run here: "cpp" (the C++ kernels), "triton" (the Triton kernels, in
+    Triton's interpreter on CPU tensors) or "torch" (the reference)."""
+    if name == "cpp" and not cpp.load(required=False):
+        pytest.skip("the C++ optimizer kernels could not be built here")
+    if name == "triton":
+        pytest.importorskip("triton", reason="Triton is not installed (requirements-dev.txt)")
+    return name
 
 
-@pytest.fixture(params=["kernels", "triton", "torch"])
-def path(request, select_path):
-    """Run a test on each implementation of the optimizers' steps (see ``select_path``)."""
-    select_path(request.param)
-    return request.param
+@pytest.fixture(params=["cpp", "triton", "torch"])
+def backend(request):
+    """Run a test on each backend of the optimizers' fused operations (see ``require_backend``)."""
+    return require_backend(request.param)
 
 
 @pytest.fixture(scope="session")

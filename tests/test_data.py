@@ -202,7 +202,7 @@ def test_list_shards_naming_conventions(tmp_path):
         "fineweb_val_000000.bin", "val_000000.bin"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=rf"'val'.*{empty}.*python data/prepare.py"):
+    with pytest.raises(FileNotFoundError, match=rf"'val'.*{empty}.*python -m data.prepare"):
         list_shards(empty, "val")
 
 
@@ -295,11 +295,11 @@ def test_state_dict_resumes_identically_even_on_another_world_size(shard_dir):
 
 def test_loader_errors(shard_dir, tmp_path):
     data_dir, _ = shard_dir
-    with pytest.raises(FileNotFoundError, match="nowhere.*python data/prepare.py"):
+    with pytest.raises(FileNotFoundError, match="nowhere.*python -m data.prepare"):
         TokenLoader(tmp_path / "nowhere", "train", 1, 8)
     (tmp_path / "only_val").mkdir()
     write_shard(tmp_path / "only_val" / "val_000000.bin", np.arange(100))
-    with pytest.raises(FileNotFoundError, match="'train'.*only_val.*python data/prepare.py"):
+    with pytest.raises(FileNotFoundError, match="'train'.*only_val.*python -m data.prepare"):
         TokenLoader(tmp_path / "only_val", "train", 1, 8)
     with pytest.raises(ValueError, match="69 tokens.*world_size 2.*= 81"):
         TokenLoader(data_dir, "val", micro_batch_size=4, block_size=10, rank=1, world_size=2)

@@ -14,7 +14,7 @@ from data.tokenizer import get_tokenizer
 from eval import evaluate
 from eval.scorer import Scorer
 from eval.tasks import TASKS, resolve
-from eval_fixtures import write_fixtures, write_harness_tasks
+from eval.samples import write_fixtures, write_harness_tasks
 from training.checkpoint import CHECKPOINT_NAME, load_model
 
 STEPS = 60
@@ -150,7 +150,7 @@ def assert_same_as_harness(ours: dict, harness: dict, atol: float, rtol: float =
 def test_agreement_with_the_harness_hf_backend_on_the_exported_model(trained, ours, tmp_path):
     pytest.importorskip("transformers")
     run_dir, tasks_dir = trained
-    export = subprocess.run([sys.executable, "scripts/export_hf.py", str(run_dir / CHECKPOINT_NAME),
+    export = subprocess.run([sys.executable, "-m", "scripts.export_hf", str(run_dir / CHECKPOINT_NAME),
                              str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert export.returncode == 0, export.stderr[-3000:]
     harness = harness_run("hf", tmp_path, tasks_dir, model_args=f"pretrained={tmp_path / 'hf'},dtype=float32",

@@ -1,4 +1,4 @@
-"""eval/tasks.py against lm-evaluation-harness 0.4.13 itself, on the fixture files of eval_fixtures.
+"""eval/tasks.py against lm-evaluation-harness 0.4.13 itself, on the sample task files of eval/samples.py.
 
 For every task the harness's own YAML is included from a temporary task folder, with the data
 pointed at the fixture file; then, document by document, the harness's requests
@@ -16,7 +16,7 @@ import pytest
 
 from eval import tasks as task_module
 from eval.tasks import GROUPS, TASKS, Task, resolve
-from eval_fixtures import HARNESS_YAMLS, write_fixtures, write_harness_tasks
+from eval.samples import HARNESS_YAMLS, write_fixtures, write_harness_tasks
 
 KINDS = {"multiple_choice": "multiple_choice", "loglikelihood": "loglikelihood", "loglikelihood_rolling": "rolling"}
 

@@ -1,4 +1,4 @@
-"""Hugging Face interop: scripts/export_hf.py, GPT.to_hf / GPT.from_hf and checkpoint.load_model,
+"""Hugging Face interop: hf.py (to_hf, from_hf, export), scripts/export_hf.py and checkpoint.load_model,
 checked against transformers' own GPT2LMHeadModel and tokenizer (CPU, offline, tiny models)."""
 
 import json
@@ -9,15 +9,15 @@ import sys
 import pytest
 import torch
 
+import hf as interop
 from conftest import ROOT, run_train
 from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
 from training import checkpoint
+from training.checkpoint import Checkpoint
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-sys.path.insert(0, str(ROOT / "scripts"))
-import export_hf  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=64)
 TEXTS = ["Hello world", "  two leading spaces", " one", "héllo wörld, 日本語 and 🤖 emoji", "tabs\tand\nnew\n\nlines  ",
@@ -35,11 +35,8 @@ def random_model(seed=0, **overrides) -> GPT:
     return model.eval()
 
 
-def save_checkpoint(model, path, tokenizer="gpt2", prefix=""):
-    """A checkpoint with Trainer.save_checkpoint's model keys (prefix: as a torch.compile'd model's)."""
-    checkpoint.save({"model": {prefix + k: v for k, v in model.state_dict().items()},
-                     "model_args": vars(model.config).copy(), "config": {"tokenizer": tokenizer},
-                     "step": 7, "tokens": 7 * 64}, path)
+def save_checkpoint(model, path, tokenizer="gpt2"):
+    Checkpoint.of_model(model, tokenizer, step=7, tokens=7 * 64).save(path)
     return path
 
 
@@ -60,7 +57,7 @@ def gpt2_export(tmp_path_factory):
     """One exported gpt2-tokenizer folder, for the tokenizer tests."""
     root = tmp_path_factory.mktemp("gpt2_export")
     model = random_model()
-    return export_hf.export(save_checkpoint(model, root / "ckpt.pt"), root / "hf")
+    return interop.export(save_checkpoint(model, root / "ckpt.pt"), root / "hf")
 
 
 # ---- export -> transformers ----
@@ -70,7 +67,7 @@ def gpt2_export(tmp_path_factory):
 @pytest.mark.parametrize("scale", [False, True])
 def test_export_gives_hf_the_same_logits(tmp_path, vocab_size, bias, scale):
     model = random_model(vocab_size=vocab_size, bias=bias, scale_attn_by_inverse_layer_idx=scale, dropout=0.1)
-    out = export_hf.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
+    out = interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                      "nanomerit.json", "special_tokens_map.json", "tokenizer.json",
                                                      "tokenizer_config.json"]
@@ -96,7 +93,7 @@ def test_export_gives_hf_the_same_logits(tmp_path, vocab_size, bias, scale):
 
 def test_export_in_bfloat16(tmp_path):
     model = random_model()
-    out = export_hf.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf", dtype="bfloat16")
+    out = interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf", dtype="bfloat16")
     weights = safetensors_torch.load_file(out / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
@@ -110,8 +107,8 @@ def test_export_in_bfloat16(tmp_path):
 @pytest.mark.parametrize("bias", [False, True])
 def test_export_then_from_hf_is_exact(tmp_path, bias):
     model = random_model(bias=bias, scale_attn_by_inverse_layer_idx=True, dropout=0.1)
-    out = export_hf.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
-    for back in (GPT.from_hf(out), GPT.from_hf(str(out)), GPT.from_hf(model.to_hf())):
+    out = interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
+    for back in (interop.from_hf(out), interop.from_hf(str(out)), interop.from_hf(interop.to_hf(model))):
         assert back.config == model.config and not back.training
         assert back.state_dict().keys() == model.state_dict().keys()
         for key, tensor in model.state_dict().items():
@@ -123,7 +120,7 @@ def test_export_then_from_hf_is_exact(tmp_path, bias):
 
 def test_to_hf_names_shapes_and_zero_biases():
     model = random_model(bias=False)
-    config, state = model.to_hf(eos_token_id=256)
+    config, state = interop.to_hf(model, eos_token_id=256)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config))
     expected = {k: v.shape for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     assert {k: v.shape for k, v in state.items()} == expected
@@ -150,14 +147,14 @@ def random_hf_model(seed=0, **overrides):
 def test_from_hf_of_a_transformers_model(tmp_path, scale):
     hf = random_hf_model(scale_attn_by_inverse_layer_idx=scale)
     hf.save_pretrained(tmp_path / "hf")
-    model = GPT.from_hf(tmp_path / "hf")
+    model = interop.from_hf(tmp_path / "hf")
     assert model.config == GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=50257, dropout=0.1,
                                      bias=True, scale_attn_by_inverse_layer_idx=scale)
     x = tokens(model)
     with torch.no_grad():
         torch.testing.assert_close(model(x)[0], hf(x).logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(model.double()(x)[0], hf.double()(x).logits, atol=1e-12, rtol=1e-12)
-    assert GPT.from_hf(tmp_path / "hf", dropout=0.0).config.dropout == 0.0
+    assert interop.from_hf(tmp_path / "hf", dropout=0.0).config.dropout == 0.0
 
 
 def test_from_hf_reads_the_hubs_gpt2_layout(tmp_path):
@@ -176,14 +173,14 @@ def test_from_hf_reads_the_hubs_gpt2_layout(tmp_path):
     safetensors_torch.save_file(state, tmp_path / "st" / "model.safetensors")
     x = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(1))
     expected = hf(x).logits.detach()
-    for model in (GPT.from_hf(tmp_path / "bin"), GPT.from_hf(tmp_path / "st"), GPT.from_hf((config, {**state, **buffers}))):
+    for model in (interop.from_hf(tmp_path / "bin"), interop.from_hf(tmp_path / "st"), interop.from_hf((config, {**state, **buffers}))):
         torch.testing.assert_close(model(x)[0].detach(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_from_hf_of_zero_biases_drops_them_unless_asked():
     model = random_model(bias=False)
-    assert not GPT.from_hf(model.to_hf()).config.bias
-    kept = GPT.from_hf(model.to_hf(), bias=True)
+    assert not interop.from_hf(interop.to_hf(model)).config.bias
+    kept = interop.from_hf(interop.to_hf(model), bias=True)
     assert kept.config.bias and not kept.transformer.h[0].attn.c_attn.bias.any()
     x = tokens(model)
     torch.testing.assert_close(kept(x)[0], model(x)[0], atol=1e-6, rtol=1e-6)
@@ -199,7 +196,7 @@ def test_lm_eval_hf_backend_scores_an_export_as_we_do(gpt2_export):
     (loglikelihood, _), = lm.loglikelihood([request])
     encoding = get_tokenizer("gpt2").encoding
     c, k = encoding.encode_ordinary(context), encoding.encode_ordinary(continuation)
-    model = GPT.from_hf(gpt2_export)
+    model = interop.from_hf(gpt2_export)
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([c + k]))[0][0].double(), dim=-1)
     assert loglikelihood == pytest.approx(sum(logp[len(c) - 1 + i, t].item() for i, t in enumerate(k)), abs=1e-4)
@@ -226,7 +223,7 @@ def test_exported_gpt2_tokenizer_encodes_like_tiktoken(gpt2_export):
 
 def test_exported_byte_tokenizer_encodes_like_ours(tmp_path):
     model = random_model(vocab_size=320)
-    out = export_hf.export(save_checkpoint(model, tmp_path / "ckpt.pt", tokenizer="byte"), tmp_path / "hf")
+    out = interop.export(save_checkpoint(model, tmp_path / "ckpt.pt", tokenizer="byte"), tmp_path / "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     ours = get_tokenizer("byte")
     for text in TEXTS:
@@ -244,7 +241,7 @@ def test_exported_byte_tokenizer_encodes_like_ours(tmp_path):
 # ---- the command line, on checkpoints of train.py ----
 
 def run_export(*args, check=True):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), *map(str, args)],
+    result = subprocess.run([sys.executable, "-m", "scripts.export_hf", *map(str, args)],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0 or not check, result.stderr
     return result
@@ -258,7 +255,7 @@ def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
     result = run_export(tmp_path / "run" / "ckpt.pt", tmp_path / "hf")
     assert "wrote" in result.stdout and "step 2" in result.stdout
     model, state = checkpoint.load_model(tmp_path / "run" / "ckpt.pt")
-    assert state["step"] == 2 and not model.training and model.config.bias
+    assert state.step == 2 and not model.training and model.config.bias
     hf = hf_from_pretrained(tmp_path / "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     x = torch.tensor([tokenizer.encode("The king speaks softly.")])
@@ -269,9 +266,9 @@ def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
     assert provenance["step"] == 2 and provenance["tokenizer"] == "byte"
 
 
-def test_cli_gpt2_checkpoint_of_a_compiled_model_and_force(tmp_path):
+def test_cli_gpt2_checkpoint_and_force(tmp_path):
     model = random_model(scale_attn_by_inverse_layer_idx=True)
-    ckpt = save_checkpoint(model, tmp_path / "ckpt.pt", prefix="_orig_mod.")
+    ckpt = save_checkpoint(model, tmp_path / "ckpt.pt")
     loaded, _ = checkpoint.load_model(ckpt)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     run_export(ckpt, tmp_path / "hf", "--dtype", "float32")
@@ -298,12 +295,12 @@ def test_cli_errors(tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    checkpoint.save({"step": 3}, tmp_path / "no_model.pt")
-    with pytest.raises(ValueError, match="holds no model"):
+    torch.save({"format_version": checkpoint.FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
+    with pytest.raises(ValueError, match=r"does not have the fields.*missing \['code_version', 'config', 'model'"):
         checkpoint.load_model(tmp_path / "no_model.pt")
-    model = random_model()
-    checkpoint.save({"model": model.state_dict(), "model_args": {**vars(model.config), "n_kv_head": 1}},
-                    tmp_path / "future.pt")
+    future = Checkpoint.of_model(random_model(), "gpt2")
+    future.model_args["n_kv_head"] = 1
+    future.save(tmp_path / "future.pt")
     with pytest.raises(ValueError, match="model_args"):
         checkpoint.load_model(tmp_path / "future.pt")
 
@@ -313,20 +310,20 @@ def test_failed_export_leaves_no_folder(tmp_path, monkeypatch):
 
     def fail(*args):
         raise RuntimeError("disk full")
-    monkeypatch.setattr(export_hf, "check_folder", fail)
+    monkeypatch.setattr(interop, "check_folder", fail)
     with pytest.raises(RuntimeError, match="disk full"):
-        export_hf.export(ckpt, tmp_path / "hf")
+        interop.export(ckpt, tmp_path / "hf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
 def test_export_refuses_a_vocabulary_smaller_than_the_tokenizers(tmp_path):
     ckpt = save_checkpoint(random_model(vocab_size=1000), tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="vocab_size 1000 is smaller than the gpt2 tokenizer's 50257"):
-        export_hf.export(ckpt, tmp_path / "hf")
+        interop.export(ckpt, tmp_path / "hf")
 
 
 def edited(model, config_changes=(), state_changes=()):
-    config, state = model.to_hf()
+    config, state = interop.to_hf(model)
     return {**config, **dict(config_changes)}, {**state, **dict(state_changes)}
 
 
@@ -344,25 +341,25 @@ def edited(model, config_changes=(), state_changes=()):
 ])
 def test_from_hf_refuses_unsupported_configs(changes, message):
     with pytest.raises(ValueError, match=message):
-        GPT.from_hf(edited(random_model(), changes))
+        interop.from_hf(edited(random_model(), changes))
 
 
 def test_from_hf_refuses_untied_heads_and_stray_weights():
     model = random_model()
     wte = model.transformer.wte.weight.detach()
     with pytest.raises(ValueError, match="lm_head.weight different from wte"):
-        GPT.from_hf(edited(model, state_changes={"lm_head.weight": wte + 1}))
-    GPT.from_hf(edited(model, {"tie_word_embeddings": False}, {"lm_head.weight": wte.clone()}))  # equal: fine
+        interop.from_hf(edited(model, state_changes={"lm_head.weight": wte + 1}))
+    interop.from_hf(edited(model, {"tie_word_embeddings": False}, {"lm_head.weight": wte.clone()}))  # equal: fine
     with pytest.raises(ValueError, match="unexpected .*multiple_choice_head"):
-        GPT.from_hf(edited(model, state_changes={"multiple_choice_head.summary.weight": torch.zeros(1, 32)}))
+        interop.from_hf(edited(model, state_changes={"multiple_choice_head.summary.weight": torch.zeros(1, 32)}))
     hf = random_hf_model()
     with pytest.raises(ValueError, match="nonzero biases"):
-        GPT.from_hf((hf.config.to_dict(), hf.state_dict()), bias=False)
+        interop.from_hf((hf.config.to_dict(), hf.state_dict()), bias=False)
 
 
 def test_from_hf_refuses_folders_without_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        GPT.from_hf(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(random_model().to_hf()[0]))
+        interop.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(interop.to_hf(random_model())[0]))
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
-        GPT.from_hf(tmp_path)
+        interop.from_hf(tmp_path)

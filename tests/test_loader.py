@@ -250,14 +250,14 @@ def test_token_outside_the_vocabulary_is_an_error_when_its_shard_is_used(tmp_pat
     batches(loader, 4)  # the first shard is fine, whether or not the second was prefetched yet
     with pytest.raises(ValueError, match=rf"shard {tmp_path / 'val_000001.bin'} holds token id 60000, but "
                                          rf"the tokenizer has only {VOCAB} tokens.*another tokenizer.*"
-                                         r"python data/prepare.py --tokenizer"):
+                                         r"python -m data.prepare --tokenizer"):
         loader.next_batch()
     loader.close()
 
 
 def test_data_errors_name_the_input_and_the_fix(doc_shards, tmp_path):
     data_dir, shards = doc_shards
-    with pytest.raises(FileNotFoundError, match=r"no 'val' shards in data dir .*empty.*data/prepare.py"):
+    with pytest.raises(FileNotFoundError, match=r"no 'val' shards in data dir .*empty.*python -m data\.prepare"):
         (tmp_path / "empty").mkdir()
         TokenLoader(tmp_path / "empty", "val", 1, 8)
     truncated = tmp_path / "truncated"
@@ -265,7 +265,7 @@ def test_data_errors_name_the_input_and_the_fix(doc_shards, tmp_path):
     with open(truncated / "val_000000.bin", "r+b") as f:
         f.truncate(1024 + 150)
     with pytest.raises(ValueError, match=r"val_000000.bin: file is 1174 bytes but its header says 100 tokens.*"
-                                         "truncated.*data/prepare.py"):
+                                         r"truncated.*python -m data\.prepare"):
         TokenLoader(truncated, "val", 1, 8)
     val_tokens = sum(map(len, shards["val"]))
     assert val_tokens < 2 * 8 * 16 + 1

@@ -1,6 +1,6 @@
 """Tests of optim/: MERIT (and its ablations) and LAMB against naive float64 transcriptions of
 optimizers.md, on each implementation of their passes (the C++ kernels, the Triton kernels in
-Triton's interpreter, the torch fallback), their diagnostics, the shared param groups, the AdamW wiring and the registry."""
+Triton's interpreter, the torch reference), their diagnostics, the shared param groups, the AdamW wiring and the registry."""
 import io
 import math
 
@@ -9,8 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import require_backend
+
 import optim
-from optim import LAMB, MERIT, kernels, param_groups
+from optim import LAMB, MERIT, param_groups
+from optim.backends import cpp
 
 STEPS = 20
 
@@ -173,12 +176,13 @@ def _run_against_reference(make_opt, ref, p0, grads, every_step=None):
 
 @pytest.mark.parametrize("ablation", MERIT_ABLATIONS)
 @pytest.mark.parametrize("name", CASES)
-def test_merit_and_ablations_match_naive_reference(name, ablation, path):
+def test_merit_and_ablations_match_naive_reference(name, ablation, backend):
     gen = torch.Generator().manual_seed(CASES.index(name))
     p0, grads, wd = _case(name, gen)
     lr, betas, eps, options = 0.05, (0.9, 0.95), 1e-6, MERIT_ABLATIONS[ablation]
     ref = NaiveMERIT(p0.numpy(), lr, betas, eps, wd, **options)
-    _run_against_reference(lambda ps: MERIT(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, **options),
+    _run_against_reference(lambda ps: MERIT(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, backend=backend,
+                                            **options),
                            ref, p0, grads)
     if name == "matrix" and ablation == "merit":  # the clip must have been exercised both ways
         assert 0 < ref.total_clipped < ref.total
@@ -187,13 +191,14 @@ def test_merit_and_ablations_match_naive_reference(name, ablation, path):
 @pytest.mark.parametrize("option", LAMB_OPTIONS)
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("wd", [None, 0.0])  # None: the case's own weight decay
-def test_lamb_matches_naive_reference(name, option, wd, path):
+def test_lamb_matches_naive_reference(name, option, wd, backend):
     gen = torch.Generator().manual_seed(CASES.index(name))
     p0, grads, case_wd = _case(name, gen)
     wd = case_wd if wd is None else wd
     lr, betas, eps, options = 0.05, (0.9, 0.95), 1e-6, LAMB_OPTIONS[option]
     ref = NaiveLAMB(p0.numpy(), lr, betas, eps, wd, **options)
-    _run_against_reference(lambda ps: LAMB(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, **options),
+    _run_against_reference(lambda ps: LAMB(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, backend=backend,
+                                           **options),
                            ref, p0, grads)
 
 
@@ -209,13 +214,13 @@ def test_lamb_defaults_and_zero_bias_moves():
 
 
 @pytest.mark.parametrize("cls", [MERIT, LAMB])
-def test_param_groups_use_their_own_hyperparameters(cls, path):
+def test_param_groups_use_their_own_hyperparameters(cls, backend):
     gen = torch.Generator().manual_seed(100)
     (pa, ga, _), (pb, gb, _) = _case("matrix", gen), _case("vector", gen)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
     naive = NaiveMERIT if cls is MERIT else NaiveLAMB
     opt = cls([{"params": [a], "weight_decay": 0.2, "lr": 0.03},
-               {"params": [b], "betas": (0.8, 0.99), "eps": 1e-3}], lr=0.07, betas=(0.9, 0.95))
+               {"params": [b], "betas": (0.8, 0.99), "eps": 1e-3}], lr=0.07, betas=(0.9, 0.95), backend=backend)
     ref_a = naive(pa.numpy(), 0.03, (0.9, 0.95), 1e-6, 0.2)
     ref_b = naive(pb.numpy(), 0.07, (0.8, 0.99), 1e-3, 0.0)
     for k in range(STEPS):
@@ -228,26 +233,27 @@ def test_param_groups_use_their_own_hyperparameters(cls, path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_merit_update_is_symmetric_under_transposition(dtype, path):
+def test_merit_update_is_symmetric_under_transposition(dtype, backend):
     gen = torch.Generator().manual_seed(7)
     p0, grads, _ = _case("zero_row_in_p_and_grad", gen)
     p = nn.Parameter(p0.to(dtype))
     pt = nn.Parameter(p0.T.contiguous().to(dtype))
-    opt = MERIT([p, pt], lr=0.05, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = MERIT([p, pt], lr=0.05, betas=(0.9, 0.95), weight_decay=0.1, backend=backend)
     for g in grads:
         p.grad, pt.grad = g.to(dtype).clone(), g.T.contiguous().to(dtype)
         opt.step()
         assert torch.equal(pt, p.T)
 
 
-# The kernels against the fallback in the dtypes they serve, on shapes larger than a SIMD width
+# The kernels against the torch reference in the dtypes they serve, on shapes larger than a SIMD width
 # and than a Triton tile (40 x 300: two column chunks, Triton programs sweeping two row blocks),
 # with guarded rows / columns: equal up to float rounding (a few ulp after several steps).
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("cls, options", [(MERIT, o) for o in MERIT_ABLATIONS.values()]
                          + [(LAMB, o) for o in LAMB_OPTIONS.values()])
-@pytest.mark.parametrize("kernel", ["kernels", "triton"])
-def test_kernels_match_the_torch_fallback(kernel, cls, options, dtype, tol, select_path):
+@pytest.mark.parametrize("kernel", ["cpp", "triton"])
+def test_kernels_match_the_torch_reference(kernel, cls, options, dtype, tol):
+    require_backend(kernel)
     gen = torch.Generator().manual_seed(11)
     shapes = [(67, 45), (45, 67), (300,), (5,), (), (40, 300), (5000,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
@@ -257,11 +263,10 @@ def test_kernels_match_the_torch_fallback(kernel, cls, options, dtype, tol, sele
         gs[0][5] = 0  # with wd = 0 below: u's row 5 is 0
         gs[1][:, 9] = 0
     results = []
-    for implementation in (kernel, "torch"):
-        select_path(implementation)
+    for backend in (kernel, "torch"):
         params = [nn.Parameter(p.to(dtype)) for p in p0]
         opt = cls([{"params": params[:1], "weight_decay": 0.0}, {"params": params[1:], "weight_decay": 0.1}],
-                  lr=0.1, **options)
+                  lr=0.1, backend=backend, **options)
         for gs in grads:
             for p, g in zip(params, gs):
                 p.grad = g.to(dtype, copy=True)  # the step consumes the gradient
@@ -279,14 +284,14 @@ def _stats(values):
 
 
 @pytest.mark.parametrize("ablation", ["merit", "maxlamb", "no_lower_bound", "l2"])
-def test_merit_diagnostics_are_hand_computed_and_only_when_requested(ablation, path):
+def test_merit_diagnostics_are_hand_computed_and_only_when_requested(ablation, backend):
     gen = torch.Generator().manual_seed(5)
     names = ["zero_row_in_p_and_grad", "matrix", "tensor_3d", "vector", "zero_matrix"]
     cases = [_case(name, gen) for name in names]
     params = [nn.Parameter(p0.clone()) for p0, _, _ in cases]
     options = MERIT_ABLATIONS[ablation]
     opt = MERIT([{"params": [p], "names": [n], "weight_decay": wd} for p, n, (_, _, wd) in zip(params, names, cases)],
-                lr=0.05, betas=(0.9, 0.95), **options)
+                lr=0.05, betas=(0.9, 0.95), backend=backend, **options)
     refs = [NaiveMERIT(p0.numpy(), 0.05, (0.9, 0.95), 1e-6, wd, **options) for p0, _, wd in cases]
     for k in range(3):
         for p, (_, grads, _) in zip(params, cases):
@@ -308,13 +313,13 @@ def test_merit_diagnostics_are_hand_computed_and_only_when_requested(ablation, p
             assert diagnostics[f"{stat}/{name}"] == pytest.approx(value, rel=1e-6), (stat, name)
 
 
-def test_merit_diagnostics_median_of_many_elements(path):
+def test_merit_diagnostics_median_of_many_elements(backend):
     """s = max(r_i, c_j) over a larger matrix with ties and guards, against torch.median of s."""
     gen = torch.Generator().manual_seed(9)
     p = nn.Parameter(torch.randn(40, 30, generator=gen, dtype=torch.float64))
     with torch.no_grad():
         p[4], p[:, 6] = 0, 0
-    opt = MERIT([p], lr=0.01, weight_decay=0.0)
+    opt = MERIT([p], lr=0.01, weight_decay=0.0, backend=backend)
     p.grad = torch.randn(40, 30, generator=gen, dtype=torch.float64)
     p.grad[:, 11] = 0
     ref = NaiveMERIT(p.detach().numpy(), 0.01, (0.9, 0.999), 1e-6, 0.0)
@@ -329,14 +334,14 @@ def test_merit_diagnostics_median_of_many_elements(path):
 
 
 @pytest.mark.parametrize("option", ["lamb", "ratio_only_with_decay"])
-def test_lamb_diagnostics_are_the_trust_ratio(option, path):
+def test_lamb_diagnostics_are_the_trust_ratio(option, backend):
     gen = torch.Generator().manual_seed(6)
     names = ["big_matrix", "vector", "zero_bias"]
     cases = [_case(name, gen) for name in names]
     params = [nn.Parameter(p0.clone()) for p0, _, _ in cases]
     wds = [0.1, 0.0, 0.0]
     opt = LAMB([{"params": [p], "names": [n], "weight_decay": wd} for p, n, wd in zip(params, names, wds)],
-               lr=0.05, **LAMB_OPTIONS[option])
+               lr=0.05, backend=backend, **LAMB_OPTIONS[option])
     refs = [NaiveLAMB(p0.numpy(), 0.05, (0.9, 0.999), 1e-6, wd, **LAMB_OPTIONS[option])
             for (p0, _, _), wd in zip(cases, wds)]
     for p, ref, (_, grads, _) in zip(params, refs, cases):
@@ -451,18 +456,21 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
         raise RuntimeError("long build log\n...\nError building extension 'nanomerit'")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    kernels.built.cache_clear()
+    cpp._build.cache_clear()
+    cpp._warn_once.cache_clear()
     try:
         p = nn.Parameter(torch.ones(3, 4))
-        opt = MERIT([p], lr=0.1)
         with pytest.warns(RuntimeWarning, match="could not be built.*Error building extension") as record:
-            for _ in range(2):
+            for opt in (MERIT([p], lr=0.1), LAMB([p], lr=0.1)):  # building is part of creating an optimizer
                 p.grad = torch.ones(3, 4)
                 opt.step()
         assert len([w for w in record if "could not be built" in str(w.message)]) == 1
-        assert torch.all(p < 1)
+        assert torch.all(p < 1) and opt.backends() == {"group0": "torch"}
+        with pytest.raises(RuntimeError, match="could not be built.*use optim_backend='auto' or 'torch'"):
+            MERIT([p], lr=0.1, backend="cpp")
     finally:
-        kernels.built.cache_clear()  # later tests build (load) the kernels again
+        cpp._build.cache_clear()  # later tests build (load) the kernels again
+        cpp._warn_once.cache_clear()
 
 
 class TinyGPT(nn.Module):

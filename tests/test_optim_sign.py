@@ -1,6 +1,6 @@
 """Tests of the sign-based optimizers (Lion, Sophia-G) against naive float64 transcriptions of
-optimizers.md on each implementation of their steps (the C++ kernels, the Triton kernels in
-Triton's interpreter, torch), their diagnostics, AdamW's update_rms, state_dict round trips and
+docs/optimizers.md on each backend of their steps (the C++ kernels, the Triton kernels in
+Triton's interpreter, the torch reference), their diagnostics, AdamW's update_rms, state_dict round trips and
 build()."""
 import copy
 import io
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import optim
+from conftest import require_backend
 from optim import Lion, SophiaG
 
 STEPS = 20
@@ -85,10 +86,10 @@ def _assert_close(ours, theirs):
     assert np.abs(ours.detach().numpy() - theirs).max() <= 1e-10
 
 
-def test_lion_matches_naive_reference(path):
+def test_lion_matches_naive_reference(backend):
     (pa, pb), grads = _data(0)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
-    opt = Lion(_groups(a, b), lr=0.05)
+    opt = Lion(_groups(a, b), lr=0.05, backend=backend)
     refs = (NaiveLion(pa.numpy(), 0.05, (0.9, 0.99), 0.1), NaiveLion(pb.numpy(), 0.02, (0.8, 0.95), 0.0))
     for gs in grads:
         a.grad, b.grad = (g.clone() for g in gs)
@@ -99,7 +100,7 @@ def test_lion_matches_naive_reference(path):
             _assert_close(opt.state[p]["exp_avg"], ref.m)
 
 
-def _run_sophia(batch_tokens, interval=3, seed=1, steps=STEPS):
+def _run_sophia(batch_tokens, backend, interval=3, seed=1, steps=STEPS):
     """Sophia-G and its naive references over ``steps`` steps with fake Hessian gradients."""
     (pa, pb), grads = _data(seed)
     gen = torch.Generator().manual_seed(seed + 100)
@@ -107,7 +108,7 @@ def _run_sophia(batch_tokens, interval=3, seed=1, steps=STEPS):
                    torch.randn(4, generator=gen, dtype=torch.float64)) for _ in range(steps)]
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
     opt = SophiaG(_groups(a, b, rho=0.08), lr=0.05, batch_tokens=batch_tokens,
-                  hessian_interval=interval)
+                  hessian_interval=interval, backend=backend)
     refs = (NaiveSophiaG(pa.numpy(), 0.05, (0.965, 0.99), 0.04, 0.1, batch_tokens),
             NaiveSophiaG(pb.numpy(), 0.02, (0.8, 0.95), 0.08, 0.0, batch_tokens))
     for step in range(1, steps + 1):
@@ -115,7 +116,7 @@ def _run_sophia(batch_tokens, interval=3, seed=1, steps=STEPS):
         opt.step()
         for ref, g in zip(refs, grads[step - 1]):
             ref.step(g.numpy())
-        if opt.wants_hessian_update(step):
+        if opt.hessian_due(step):
             a.grad, b.grad = (g.clone() for g in hess_grads[step - 1])
             opt.update_hessian()
             for ref, g in zip(refs, hess_grads[step - 1]):
@@ -128,10 +129,10 @@ def _run_sophia(batch_tokens, interval=3, seed=1, steps=STEPS):
     return opt, (a, b), refs
 
 
-def test_sophia_matches_naive_reference_and_follows_batch_tokens(path):
+def test_sophia_matches_naive_reference_and_follows_batch_tokens(backend):
     finals = []
     for batch_tokens in (64, 512, 4096):
-        _, (a, b), refs = _run_sophia(batch_tokens)
+        _, (a, b), refs = _run_sophia(batch_tokens, backend)
         finals.append(torch.cat([a.detach().flatten(), b.detach().flatten()]))
         if batch_tokens == 512:  # the clip must have been exercised both ways
             assert all(0 < ref.wins < ref.total for ref in refs)
@@ -139,9 +140,9 @@ def test_sophia_matches_naive_reference_and_follows_batch_tokens(path):
     assert not torch.equal(finals[0], finals[1]) and not torch.equal(finals[1], finals[2])
 
 
-def test_sophia_before_first_hessian_update_is_clipped_sign_momentum(path):
+def test_sophia_before_first_hessian_update_is_clipped_sign_momentum(backend):
     p = nn.Parameter(torch.zeros(4, dtype=torch.float64))
-    opt = SophiaG([p], lr=0.1, batch_tokens=1000)
+    opt = SophiaG([p], lr=0.1, batch_tokens=1000, backend=backend)
     p.grad = torch.tensor([2.0, -3.0, 0.0, 1e-14], dtype=torch.float64)
     opt.step()
     # h = 0: sign-momentum steps, except where |m| is below the 1e-15 guard (m = 0.035e-14).
@@ -152,14 +153,14 @@ def test_sophia_before_first_hessian_update_is_clipped_sign_momentum(path):
 @pytest.mark.parametrize("interval, expected", [(10, [10, 20, 30]), (7, [7, 14, 21, 28])])
 def test_sophia_hessian_schedule(interval, expected):
     opt = SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1, hessian_interval=interval)
-    assert [s for s in range(1, 31) if opt.wants_hessian_update(s)] == expected
+    assert [s for s in range(1, 31) if opt.hessian_due(s)] == expected
     assert SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1).hessian_interval == 10
 
 
-def test_lion_diagnostics_are_hand_computed_and_only_when_requested(path):
+def test_lion_diagnostics_are_hand_computed_and_only_when_requested(backend):
     (pa, pb), grads = _data(2)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
-    opt = Lion(_groups(a, b), lr=0.05)
+    opt = Lion(_groups(a, b), lr=0.05, backend=backend)
     refs = (NaiveLion(pa.numpy(), 0.05, (0.9, 0.99), 0.1), NaiveLion(pb.numpy(), 0.02, (0.8, 0.95), 0.0))
     for k, gs in enumerate(grads[:6]):
         a.grad, b.grad = (g.clone() for g in gs)
@@ -180,8 +181,8 @@ def test_lion_diagnostics_are_hand_computed_and_only_when_requested(path):
             assert diagnostics[f"update_rms/{name}"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_sophia_diagnostics_are_hand_computed(path):
-    opt, (a, b), refs = _run_sophia(512, steps=7)
+def test_sophia_diagnostics_are_hand_computed(backend):
+    opt, (a, b), refs = _run_sophia(512, backend, steps=7)
     before = [ref.p.copy() for ref in refs]
     gen = torch.Generator().manual_seed(5)
     gs = tuple(torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((5, 7), (4,)))
@@ -237,28 +238,28 @@ def test_adamw_runs_step_hooks_once():
     assert calls == ["pre", "post"] * 2
 
 
-# The kernels against the torch code in the dtypes they serve, on tensors longer than a SIMD width
+# The kernels against the torch reference in the dtypes they serve, on tensors longer than a SIMD width
 # and than one thread's share, with decay and without, b1 on both sides of torch's lerp switch.
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("name", ["lion", "sophiag"])
-@pytest.mark.parametrize("kernel", ["kernels", "triton"])
-def test_kernels_match_the_torch_code(kernel, name, dtype, tol, select_path):
+@pytest.mark.parametrize("kernel", ["cpp", "triton"])
+def test_kernels_match_the_torch_reference(kernel, name, dtype, tol):
+    require_backend(kernel)
     gen = torch.Generator().manual_seed(12)
     shapes = [(67, 45), (70000,), (5,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(6)]
     results = []
-    for implementation in (kernel, "torch"):
-        select_path(implementation)
+    for backend in (kernel, "torch"):
         params = [nn.Parameter(p.to(dtype)) for p in p0]
         groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "betas": (0.3, 0.9)}]
-        opt = (Lion(groups, lr=0.01) if name == "lion"
-               else SophiaG(groups, lr=0.01, batch_tokens=64, hessian_interval=2))
+        opt = (Lion(groups, lr=0.01, backend=backend) if name == "lion"
+               else SophiaG(groups, lr=0.01, batch_tokens=64, hessian_interval=2, backend=backend))
         for k, gs in enumerate(grads):
             for p, g in zip(params, gs):
                 p.grad = g.to(dtype)
             opt.step()
-            if name == "sophiag" and opt.wants_hessian_update(k + 1):
+            if name == "sophiag" and opt.hessian_due(k + 1):
                 for p, g in zip(params, gs):
                     p.grad = g.to(dtype) * 0.1
                 opt.update_hessian()
@@ -281,7 +282,7 @@ def test_diagnostics_do_not_change_the_update(name):
             for p, g in zip(ps, grads):
                 p.grad = g.clone()
             opt.step()
-            if getattr(opt, "wants_hessian_update", lambda _: False)(step):
+            if isinstance(opt, SophiaG) and opt.hessian_due(step):
                 opt.update_hessian()
         assert opts[1].pop_diagnostics()
         for p, q in zip(params, twins):
@@ -306,7 +307,7 @@ def test_state_dict_round_trip_continues_bitwise(name, keys):
         for p, g in zip(ps, grads[k]):
             p.grad = g.clone()
         opt.step()
-        if isinstance(opt, SophiaG) and opt.wants_hessian_update(k + 1):
+        if isinstance(opt, SophiaG) and opt.hessian_due(k + 1):
             for p, g in zip(ps, grads[k]):
                 p.grad = g.square()
             opt.update_hessian()

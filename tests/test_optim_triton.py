@@ -1,8 +1,8 @@
-"""The optimizers' Triton path (optim/triton_ops.py) beyond what the shared tests check through
-the ``path`` fixture (every optimizer against its naive reference and its torch code, run in
-Triton's interpreter): every kernel configuration a step launches compiles for the H200 (sm_90)
-with IEEE division and square root and no FMA contraction, so the GPU computes the bits the
-interpreter computed; and without Triton the torch code runs, with one warning."""
+"""The optimizers' Triton backend (optim/backends/triton.py) beyond what the shared tests check
+through the ``backend`` fixture (every optimizer against its naive reference and the torch
+reference, run in Triton's interpreter): every kernel configuration a step launches compiles for
+the H200 (sm_90) with IEEE division and square root and no FMA contraction, so the GPU computes
+the bits the interpreter computed; and without Triton a clear error or one warning."""
 import inspect
 import json
 import os
@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 import optim
-from optim import LAMB, MERIT, Lion, SophiaG, triton_ops
+from conftest import require_backend
+from optim import LAMB, MERIT, Lion, SophiaG, backends
+from optim.backends import reference, triton
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +29,7 @@ import triton.language as tl
 from triton import compile
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from optim import triton_kernels
+from optim.backends import triton_kernels
 
 dtypes = {t.name: t for t in (tl.float32, tl.float64, tl.bfloat16)}
 report = []
@@ -63,22 +65,24 @@ def _describe(kernel, args: tuple, constexprs: dict) -> dict:
     return {"kernel": kernel.fn.__name__, "signature": signature, "constexprs": values}
 
 
-def test_every_launch_compiles_for_sm90_with_exact_arithmetic(select_path, monkeypatch, tmp_path):
-    select_path("triton")
+def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_path):
+    require_backend("triton")
     launches = {}
-    launch = triton_ops._launch
+    launch = triton._launch
 
     def record(kernel, grid, *args, **constexprs):
         described = _describe(kernel, args, constexprs)
         launches[json.dumps(described, sort_keys=True)] = described
         launch(kernel, grid, *args, **constexprs)
 
-    monkeypatch.setattr(triton_ops, "_launch", record)
-    makers = [lambda ps, o=o: MERIT(ps, lr=0.1, weight_decay=0.1, **o)
+    monkeypatch.setattr(triton, "_launch", record)
+    on = {"backend": "triton"}
+    makers = [lambda ps, o=o: MERIT(ps, lr=0.1, weight_decay=0.1, **o, **on)
               for o in ({}, {"norm": "l2"}, {"maxlamb": True}, {"elementwise_clip": False})]
-    makers += [lambda ps: LAMB(ps, lr=0.1, weight_decay=0.1, bias_correction=True),
-               lambda ps: Lion(ps, lr=0.1, weight_decay=0.1), lambda ps: Lion(ps, lr=0.1),
-               lambda ps: SophiaG(ps, lr=0.1, weight_decay=0.1, batch_tokens=8), lambda ps: SophiaG(ps, batch_tokens=8)]
+    makers += [lambda ps: LAMB(ps, lr=0.1, weight_decay=0.1, bias_correction=True, **on),
+               lambda ps: Lion(ps, lr=0.1, weight_decay=0.1, **on), lambda ps: Lion(ps, lr=0.1, **on),
+               lambda ps: SophiaG(ps, lr=0.1, weight_decay=0.1, batch_tokens=8, **on),
+               lambda ps: SophiaG(ps, batch_tokens=8, **on)]
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         for make in makers:
             params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
@@ -108,37 +112,30 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(select_path, monke
     assert {"div.rn.f32", "div.rn.f64", "sqrt.rn.f32", "sqrt.rn.f64"} <= ieee
 
 
-def test_without_triton_the_torch_code_runs_with_one_warning(select_path, monkeypatch):
-    select_path("torch")
-    p0, grads = torch.randn(5, 4), [torch.randn(5, 4) for _ in range(2)]
-
-    def run() -> torch.Tensor:
-        p = nn.Parameter(p0.clone())
-        opt = MERIT([p], lr=0.1)
-        for g in grads:
-            p.grad = g.clone()
-            opt.step()
-        return p.detach()
-
-    expected = run()
-    select_path("triton")
-    monkeypatch.setitem(sys.modules, "optim.triton_kernels", None)  # import fails
-    monkeypatch.delattr(optim, "triton_kernels", raising=False)
-    triton_ops._kernels.cache_clear()
+def test_without_triton_a_named_backend_is_an_error_and_auto_warns_once(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optim.backends.triton_kernels", None)  # the import fails
+    monkeypatch.delattr(optim.backends, "triton_kernels", raising=False)
+    triton._import.cache_clear()
+    triton._warn_once.cache_clear()
     try:
+        p = nn.Parameter(torch.randn(5, 4))
+        with pytest.raises(RuntimeError, match="Triton is not available.*pip install triton, or use optim_backend"):
+            MERIT([p], lr=0.1, backend="triton")
         with pytest.warns(RuntimeWarning, match="Triton is not available") as record:
-            got = run()
+            for _ in range(2):  # what "auto" does for CUDA tensors
+                assert not triton.load(required=False)
         assert len([w for w in record if "Triton is not available" in str(w.message)]) == 1
-        assert torch.equal(got, expected)
+        assert backends.select("triton", [p]) is reference  # not ready: the reference runs
     finally:
-        triton_ops._kernels.cache_clear()
+        triton._import.cache_clear()
+        triton._warn_once.cache_clear()
 
 
 def test_check_cuda_script_runs_its_checks_on_the_cpu():
     # scripts/check_cuda.py is what a GPU session runs; here its code runs on the CPU (Triton's
     # interpreter, small shapes), so that it works the first time a GPU is at hand.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
-    result = subprocess.run([sys.executable, "scripts/check_cuda.py", "--device", "cpu", "--quick"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "scripts.check_cuda", "--device", "cpu", "--quick"], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()

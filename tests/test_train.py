@@ -14,6 +14,7 @@ from configs import load_config
 from conftest import ROOT, run_train
 from train import Trainer
 from training import checkpoint
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
         "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
@@ -29,7 +30,7 @@ def read_metrics(run_dir):
 
 
 def load_params(run_dir):
-    return checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)["model"]
+    return Checkpoint.load(run_dir / CHECKPOINT_NAME).model
 
 
 @pytest.mark.parametrize("optimizer", ["merit", "adamw", "lamb", "lion", "sophiag"])
@@ -50,18 +51,18 @@ def test_resume_continues_bitwise(byte_shards, tmp_path):
     common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3")
     run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common))
     run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=4"))
-    assert checkpoint.load(tmp_path / "split" / "ckpt.pt")["step"] == 4
+    assert Checkpoint.load(tmp_path / "split" / "ckpt.pt").step == 4
     run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))
 
     straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 9))  # no gap, no duplicate
     for key in ("train/loss", "val/loss", "max_logit/layer_01"):
         assert [r[key] for r in split if key in r] == [r[key] for r in straight if key in r], key
-    a, b = checkpoint.load(tmp_path / "straight" / "ckpt.pt"), checkpoint.load(tmp_path / "split" / "ckpt.pt")
-    for name in a["model"]:
-        assert torch.equal(a["model"][name], b["model"][name]), name
-    assert a["train_loader"] == b["train_loader"]
-    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+    a, b = Checkpoint.load(tmp_path / "straight" / "ckpt.pt"), Checkpoint.load(tmp_path / "split" / "ckpt.pt")
+    for name in a.model:
+        assert torch.equal(a.model[name], b.model[name]), name
+    assert a.train_loader == b.train_loader
+    for x, y in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
@@ -77,10 +78,10 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(by
     assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 7))
     for key in ("train/loss", "val/loss"):
         assert [r[key] for r in split if key in r] == pytest.approx([r[key] for r in straight if key in r], abs=1e-5)
-    a, b = checkpoint.load(tmp_path / "straight" / "ckpt.pt"), checkpoint.load(tmp_path / "split" / "ckpt.pt")
-    assert a["train_loader"] == b["train_loader"]
-    for name in a["model"]:
-        torch.testing.assert_close(a["model"][name], b["model"][name], atol=1e-5, rtol=0, msg=name)
+    a, b = Checkpoint.load(tmp_path / "straight" / "ckpt.pt"), Checkpoint.load(tmp_path / "split" / "ckpt.pt")
+    assert a.train_loader == b.train_loader
+    for name in a.model:
+        torch.testing.assert_close(a.model[name], b.model[name], atol=1e-5, rtol=0, msg=name)
 
 
 def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch):
@@ -97,26 +98,32 @@ def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch
 
 def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
     run_train(*args(byte_shards, tmp_path, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2"))
-    state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
-    assert state["step"] == 2 and state["tokens"] == 2 * 2 * 32
-    assert state["config"]["optimizer"] == "merit" and state["model_args"]["n_layer"] == 2
-    assert {"model", "optimizer", "scaler", "rng", "train_loader", "code_version"} <= state.keys()
-    assert json.loads((tmp_path / "default" / "config.json").read_text()) == state["config"]
+    state = Checkpoint.load(tmp_path / "default" / "ckpt.pt")
+    assert state.step == 2 and state.tokens == 2 * 2 * 32
+    assert state.config["optimizer"] == "merit" and state.model_args["n_layer"] == 2
+    assert state.optimizer["state"] and len(state.rng) == 1 and state.train_loader
+    assert state.code_version and state.optim_backends == {"group0": "cpp", "group1": "cpp"}
+    assert json.loads((tmp_path / "default" / "config.json").read_text()) == state.config
     refused = run_train(*args(byte_shards, tmp_path, "--max_steps=4", "--batch_size=2", "--micro_batch_size=2",
                               "--n_embd=64", "--resume"), check=False)
     assert refused.returncode != 0 and "n_embd: checkpoint 32, now 64" in refused.stderr
 
 
+def small_checkpoint(step: int, value: float) -> Checkpoint:
+    return Checkpoint(model={"w": torch.full((3,), value)}, model_args={"n_layer": 2, "n_embd": 32}, optimizer={},
+                      scaler={}, step=step, tokens=0, rng=[], train_loader={},
+                      config={"tokenizer": "byte", "optimizer": "merit"})
+
+
 def test_incompatible_checkpoint_message(tmp_path):
-    saved = {"model_args": {"n_layer": 2, "n_embd": 32}, "config": {"tokenizer": "byte", "optimizer": "merit"}}
     with pytest.raises(ValueError, match=r"n_embd: checkpoint 32, now 64"):
-        checkpoint.check_compatible(saved, {"n_layer": 2, "n_embd": 64},
-                                    {"tokenizer": "byte", "optimizer": "merit"}, tmp_path)
+        small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 64},
+                                                  {"tokenizer": "byte", "optimizer": "merit"}, tmp_path)
 
 
 def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
-    checkpoint.save({"step": 1, "w": torch.ones(3)}, path)
+    small_checkpoint(1, 1.0).save(path)
 
     def crash(obj, f):
         f.write(b"partial garbage")
@@ -124,19 +131,33 @@ def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save({"step": 2, "w": torch.zeros(3)}, path)
+        small_checkpoint(2, 0.0).save(path)
     monkeypatch.undo()
-    state = checkpoint.load(path)
-    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(3))
+    state = Checkpoint.load(path)
+    assert state.step == 1 and torch.equal(state.model["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary left behind
+
+
+def test_version_1_checkpoints_load_and_other_versions_are_refused(tmp_path):
+    fields = vars(small_checkpoint(5, 2.0))
+    torch.save({"format_version": 1, **{k: v for k, v in fields.items() if k != "optim_backends"}}, tmp_path / "v1.pt")
+    old = Checkpoint.load(tmp_path / "v1.pt")
+    assert old.step == 5 and old.optim_backends == {} and torch.equal(old.model["w"], torch.full((3,), 2.0))
+    torch.save({"format_version": 99, **fields}, tmp_path / "v99.pt")
+    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 2"):
+        Checkpoint.load(tmp_path / "v99.pt")
+    torch.save({"format_version": 2, **fields, "extra": 1}, tmp_path / "extra.pt")
+    with pytest.raises(ValueError, match=r"unknown \['extra'\]"):
+        Checkpoint.load(tmp_path / "extra.pt")
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt or not a nanoMERIT checkpoint"):
-        checkpoint.load(path)
+        Checkpoint.load(path)
     with pytest.raises(FileNotFoundError, match="start without --resume"):
-        checkpoint.load(tmp_path / "missing.pt")
+        Checkpoint.load(tmp_path / "missing.pt")
 
 
 def test_validation_loss_falls(byte_shards, tmp_path):
@@ -160,8 +181,8 @@ def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     proc.send_signal(signal.SIGTERM)  # what SLURM and torchrun send on preemption
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
-    state = checkpoint.load(tmp_path / "default" / "ckpt.pt")
-    assert 2 <= state["step"] < 100000 and "SIGTERM received" in output
+    state = Checkpoint.load(tmp_path / "default" / "ckpt.pt")
+    assert 2 <= state.step < 100000 and "SIGTERM received" in output
 
 
 def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):

@@ -1,22 +1,28 @@
-"""Checkpoints: one file per run folder, written atomically, read with weights_only=True.
+"""The checkpoint format: one file per run folder, written atomically, read with weights_only=True.
 
-A checkpoint holds everything a run needs to continue exactly where it stopped: the unwrapped
-model, the optimizer, the grad scaler, the step, tokens seen, every rank's RNG states, the data
-loader position, the resolved config, and the code version that wrote it.
+``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
+validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
+export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
+below plus ``format_version``; version 1 files (before ``optim_backends``) are read as well.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from atomic import atomic_write
 from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Fields a version lacks, with the value its files are read with.
+_ADDED_IN = {2: {"optim_backends": {}}}
+
 
 def code_version() -> str:
     """The git commit of the sources (with '-dirty' for local edits), or 'unknown'."""
@@ -28,61 +34,87 @@ def code_version() -> str:
         return "unknown"
 
 
-def save(state: dict, path: Path):
-    """Write `state` to `path` so that a crash at any moment leaves the previous file intact."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format_version": FORMAT_VERSION, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never a mix
+@dataclass
+class Checkpoint:
+    """Everything a run needs to continue exactly where it stopped."""
+
+    model: dict            # the plain module's state dict (never a compiled or DDP wrapper's)
+    model_args: dict       # GPTConfig fields
+    optimizer: dict        # optimizer.state_dict()
+    scaler: dict           # GradScaler.state_dict()
+    step: int              # optimizer steps taken
+    tokens: int            # training tokens seen
+    rng: list              # per rank: {"cpu": ByteTensor, "cuda": ByteTensor or None}
+    train_loader: dict     # TokenLoader.state_dict(): the data position
+    config: dict           # the resolved TrainConfig.to_dict()
+    code_version: str = field(default_factory=code_version)  # git describe of the sources
+    optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
+
+    @classmethod
+    def of_model(cls, model: GPT, tokenizer: str, step: int = 0, tokens: int = 0) -> Checkpoint:
+        """A checkpoint of a model alone (no training state: it exports and evaluates, it does
+        not resume), e.g. of a model trained elsewhere."""
+        return cls(model=model.state_dict(), model_args=vars(model.config).copy(), optimizer={}, scaler={},
+                   step=step, tokens=tokens, rng=[], train_loader={}, config={"tokenizer": tokenizer})
+
+    def save(self, path: Path) -> None:
+        """Write to ``path`` so that a crash at any moment leaves the previous file intact."""
+        with atomic_write(path) as f:
+            # Fields by reference (dataclasses.asdict would deep-copy every tensor).
+            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            torch.save({"format_version": FORMAT_VERSION, **fields}, f)
+
+    @classmethod
+    def load(cls, path, map_location="cpu") -> Checkpoint:
+        """The checkpoint at ``path``; a clear error if it is missing, unreadable, of another
+        version or lacks a field."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}: start without --resume, or point out_dir/run_name "
+                                    f"at the run folder that holds {CHECKPOINT_NAME}")
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # a truncated or foreign file
+            raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoMERIT "
+                             f"checkpoint") from e
+        version = state.pop("format_version", None) if isinstance(state, dict) else None
+        if version not in range(1, FORMAT_VERSION + 1):
+            raise ValueError(f"checkpoint {path} has format version {version}, this code reads 1 to {FORMAT_VERSION}")
+        for newer in range(version + 1, FORMAT_VERSION + 1):
+            state = {**_ADDED_IN.get(newer, {}), **state}
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing, unknown = sorted(names - state.keys()), sorted(state.keys() - names)
+        if missing or unknown:
+            raise ValueError(f"checkpoint {path} does not have the fields of format version {version} "
+                             f"(missing {missing}, unknown {unknown})")
+        return cls(**state)
+
+    def check_compatible(self, model_args: dict, config: dict, path: Path) -> None:
+        """Refuse to resume a run whose model, tokenizer or optimizer differs from the checkpoint's."""
+        mismatches = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
+                      for key, value in model_args.items() if self.model_args.get(key) != value]
+        mismatches += [f"{key}: checkpoint {self.config.get(key)!r}, now {config[key]!r}"
+                       for key in ("tokenizer", "optimizer") if self.config.get(key) != config[key]]
+        if mismatches:
+            raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
+                             f"resume with the checkpoint's settings or start a new run_name")
+
+    def build_model(self, path: Path) -> GPT:
+        """The model this checkpoint holds, in eval mode."""
+        try:
+            config = GPTConfig(**self.model_args)
+        except TypeError as e:
+            raise ValueError(f"checkpoint {path} has model_args this code does not know ({e})") from e
+        model = GPT(config)
+        model.load_state_dict(self.model)
+        return model.eval()
 
 
-def load(path: Path, map_location="cpu") -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: start without --resume, or point out_dir/run_name "
-                                f"at the run folder that holds {CHECKPOINT_NAME}")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoMERIT checkpoint") from e
-    version = state.get("format_version") if isinstance(state, dict) else None
-    if version != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path} has format version {version}, this code reads {FORMAT_VERSION}")
-    return state
-
-
-def check_compatible(saved: dict, model_args: dict, config: dict, path: Path):
-    """Refuse to resume a run whose model, tokenizer or optimizer differs from the checkpoint's."""
-    mismatches = [f"{key}: checkpoint {saved['model_args'].get(key)!r}, now {value!r}"
-                  for key, value in model_args.items() if saved["model_args"].get(key) != value]
-    mismatches += [f"{key}: checkpoint {saved['config'].get(key)!r}, now {config[key]!r}"
-                   for key in ("tokenizer", "optimizer") if saved["config"].get(key) != config[key]]
-    if mismatches:
-        raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
-                         f"resume with the checkpoint's settings or start a new run_name")
-
-
-def load_model(path, map_location="cpu") -> tuple[GPT, dict]:
-    """(GPT, checkpoint state): the model a checkpoint holds, in eval mode, and the whole state
-    (step, config, ...). A model saved from a torch.compile'd or DDP module loads too."""
+def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:
+    """(GPT in eval mode on ``map_location``, the checkpoint it came from: step, config, ...)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    state = load(path, map_location=map_location)
-    if not isinstance(state.get("model"), dict) or not isinstance(state.get("model_args"), dict):
-        raise ValueError(f"checkpoint {path} holds no model (no 'model' and 'model_args' entries)")
-    try:
-        config = GPTConfig(**state["model_args"])
-    except TypeError as e:
-        raise ValueError(f"checkpoint {path} has model_args this code does not know ({e})") from e
-    weights = {}
-    for key, tensor in state["model"].items():
-        while key.startswith(("_orig_mod.", "module.")):
-            key = key.split(".", 1)[1]
-        weights[key] = tensor
-    model = GPT(config)
-    model.load_state_dict(weights)
+    checkpoint = Checkpoint.load(path, map_location=map_location)
+    model = checkpoint.build_model(path)
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)
-    return model.eval(), state
+    return model, checkpoint

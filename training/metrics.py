@@ -12,6 +12,15 @@ import warnings
 from pathlib import Path
 
 
+# Dense bf16 peak FLOP/s of common training GPUs, by a part of their device name, for MFU.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``device_name`` (e.g. "NVIDIA H200"), None if unknown."""
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in device_name), None)
+
+
 def _jsonable(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -56,6 +65,18 @@ class MetricsLogger:
                 self._wandb.log(record)
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"wandb.log failed ({e}); continuing with the JSONL log only")
+                self._wandb = None
+
+    def log_run_info(self, info: dict):
+        """Facts about the run that are not series (e.g. which optimizer implementation runs):
+        one ``{"run_info": info}`` line in the JSONL log, and the wandb run's config."""
+        self._file.write(json.dumps({"run_info": info}) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            try:
+                self._wandb.config.update({"run_info": info}, allow_val_change=True)
+            except Exception as e:  # noqa: BLE001
+                warnings.warn(f"wandb.config.update failed ({e}); continuing with the JSONL log only")
                 self._wandb = None
 
     def close(self):

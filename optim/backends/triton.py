@@ -1,27 +1,27 @@
-"""The optimizers' fused CUDA path: Triton kernels (optim/triton_kernels.py), when they apply,
-and how they are launched.
-
-optim/passes.py (MERIT, LAMB), optim/lion.py and optim/sophia.py call these for tensors that
-``usable`` accepts: contiguous CUDA tensors of one supported dtype, Triton importable (it comes
-with PyTorch's CUDA builds). Everything else keeps its path: the C++ kernels on CPU, the torch
-code otherwise; ``NANOMERIT_OPTIM_TRITON=0`` turns this path off.
+"""The fused operations as Triton kernels (optim/backends/triton_kernels.py) for CUDA tensors:
+when they apply, and how they are launched.
 
 Per MERIT/LAMB tensor a step launches pass 1, one or two small reductions, the trust-ratio
 kernel and pass 2, and nothing waits on the host. Memory: the state only, plus per step
 O(rows + cols) norms and P x cols column partials (P <= 4 programs per multiprocessor).
-The tests run these kernels in Triton's interpreter on CPU tensors (``DEVICE_TYPES`` += "cpu"
-under ``TRITON_INTERPRET=1``) and compile them for a GPU target without one;
-scripts/check_cuda.py runs them on a GPU.
+``load`` imports Triton (it comes with PyTorch's CUDA builds). In Triton's CPU interpreter
+(``TRITON_INTERPRET=1`` when Triton is first imported) the kernels take CPU tensors too: that is
+how the tests run them without a GPU, with ``optim_backend="triton"`` ("auto" never picks the
+interpreter); scripts/check_cuda.py runs them on a GPU.
 """
 import functools
+import math
 import os
+import sys
 import warnings
 
 import torch
 from torch import Tensor
 
-USE = os.environ.get("NANOMERIT_OPTIM_TRITON", "1") != "0"
-DEVICE_TYPES = ("cuda",)
+from .cpp import kernel_factors
+
+NAME = "triton"
+TAKES = "contiguous CUDA tensors of one dtype: float32, bfloat16 or float64"
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 
 # A program's tile: 2,048 elements of each of p, g, m and v in registers (4 warps: 16 per thread).
@@ -32,26 +32,60 @@ _RATIO_BLOCK = 1024
 _SIGN_BLOCK = 1024
 
 
-def usable(p: Tensor, *others: Tensor, matrix: bool = False) -> bool:
-    """Whether the Triton kernels take p and ``others`` (contiguous tensors of p's dtype and
-    device, a device type of ``DEVICE_TYPES``, p not empty, a matrix if ``matrix``)."""
-    return (USE and p.device.type in DEVICE_TYPES and p.dtype in DTYPES and p.numel() > 0
-            and (p.dim() == 2 or not matrix) and p.is_contiguous()
-            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in others)
-            and _kernels() is not None)
+def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
+    """Whether the kernels take ``tensors`` (p first, not empty; a 2-D p if ``matrix``): on CUDA,
+    or on CPU in Triton's interpreter."""
+    p = tensors[0]
+    return (p.device.type in _device_types() and p.dtype in DTYPES and p.numel() > 0
+            and (p.dim() == 2 or not matrix)
+            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in tensors))
+
+
+def ready() -> bool:
+    """Whether ``load`` has imported the kernels in this process."""
+    return _import.cache_info().currsize > 0 and _import()[0] is not None
+
+
+def load(required: bool) -> bool:
+    """Import the kernels (Triton takes a second to import), once per process. Without Triton:
+    an error if ``required``, else one warning and False (the reference runs on CUDA tensors)."""
+    kernels, error = _import()
+    if kernels is not None:
+        return True
+    message = f"optim: Triton is not available ({error})"
+    if required:
+        raise RuntimeError(f"{message}: pip install triton, or use optim_backend='auto' or 'torch'") from error
+    _warn_once(f"{message}; the optimizers run their torch reference on CUDA tensors (pip install triton)")
+    return False
 
 
 @functools.cache
-def _kernels():
-    """optim.triton_kernels, imported on first use (Triton takes a second to import); None, with
-    one warning, without Triton."""
+def _import():
+    """(optim.backends.triton_kernels, None), or (None, the ImportError) without Triton."""
     try:
         from . import triton_kernels
     except ImportError as error:
-        warnings.warn(f"optim: Triton is not available ({error}); the optimizers run their torch code "
-                      f"on CUDA tensors (pip install triton)", RuntimeWarning, stacklevel=4)
-        return None
-    return triton_kernels
+        return None, error
+    mode = " (interpreter)" if _interpreted() else ""
+    print(f"optim: Triton kernels ready{mode}", file=sys.stderr, flush=True)
+    return triton_kernels, None
+
+
+def _kernels():
+    return _import()[0]
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _device_types() -> tuple[str, ...]:
+    return ("cuda", "cpu") if _interpreted() else ("cuda",)
 
 
 def _launch(kernel, grid: tuple[int, ...], *args, **constexprs) -> None:
@@ -89,9 +123,8 @@ def _max_programs(device: torch.device) -> int:
 
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
-                       eps: float, wd: float, reduce: str, l2: bool, m_scale: float, v_scale: float,
-                       max_p_norm: float) -> tuple[Tensor, ...]:
-    """optim.passes.moments_and_ratios (pass 1 and the trust ratios) on the Triton kernels."""
+                       eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
+                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
     k = _kernels()
     rows_cols = reduce == "rows_cols"
     n_rows, n_cols = _matrix(p, rows_cols)
@@ -120,10 +153,10 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
     return ratios[:n_rows].view(n_rows, 1), ratios[n_rows:-1].view(1, n_cols), ratios[-1]
 
 
-def apply_update(p: Tensor, u: Tensor, rows: Tensor, cols: Tensor | None, *, lr: float, clip: bool,
-                 count: bool) -> Tensor | None:
-    """optim.passes.apply_update (pass 2) on the Triton kernels; rows and cols in the compute dtype."""
+def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
+                 clip: bool, count: bool) -> Tensor | None:
     k = _kernels()
+    rows, cols = kernel_factors(p, rows, cols)
     n_rows, n_cols = _matrix(p, cols is not None)
     block_r, block_c = _blocks(n_rows, n_cols)
     grid = (-(-n_rows // block_r), -(-n_cols // block_c))

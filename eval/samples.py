@@ -1,4 +1,5 @@
-"""Small local copies of the evaluation tasks, in the hub's schema of each task's evaluated split.
+"""Small local copies of the evaluation tasks, in the hub's schema of each task's evaluated split:
+offline sample data for the tests, scripts/bench_eval.py and a first try of ``python -m eval``.
 
     rows = write_fixtures(Path(DIR))   # DIR/<task>.jsonl for every task in eval.tasks.TASKS
     names = write_harness_tasks(Path(INCLUDE), Path(DIR))   # lm-eval task YAMLs reading those files

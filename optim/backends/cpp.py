@@ -1,0 +1,122 @@
+"""The fused operations as C++/OpenMP kernels for CPU tensors (``csrc/``).
+
+One extension holds them all: the two passes of the trust-ratio optimizers
+(``csrc/trust_ratio.cpp``) and the one-sweep steps of Lion and Sophia-G (``csrc/sign.cpp``).
+``load`` builds it with ``torch.utils.cpp_extension.load`` into torch's extensions directory
+(``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) the first time, and loads it
+from there afterwards; torch's build lock there makes concurrent ranks wait for one build. It is
+called by ``optim.backends.prepare`` when an optimizer is created, never as a side effect of a
+step. The kernels compute what optim/backends/reference.py computes (up to rounding: float32
+sums in another order), in float32 (float64 for float64 tensors).
+"""
+import functools
+import math
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+NAME = "cpp"
+TAKES = "contiguous CPU tensors of one dtype: float32, bfloat16 or float64"
+DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("trust_ratio.cpp", "sign.cpp")]
+
+
+def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
+    """Whether the kernels take ``tensors`` (p first; a 2-D p if ``matrix``)."""
+    p = tensors[0]
+    return (p.device.type == "cpu" and p.dtype in DTYPES and (p.dim() == 2 or not matrix)
+            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in tensors))
+
+
+def ready() -> bool:
+    """Whether ``load`` has built and loaded the kernels in this process."""
+    return _build.cache_info().currsize > 0 and _build() is None
+
+
+def load(required: bool) -> bool:
+    """Build (or reuse) and load the kernels, once per process, with a line on stderr saying so.
+    A failure raises if ``required``, else is one warning and False (the reference runs)."""
+    error = _build()
+    if error is None:
+        return True
+    last_lines = " | ".join(str(error).strip().splitlines()[-3:])  # not the whole build log
+    message = f"optim: the C++ optimizer kernels could not be built ({type(error).__name__}: {last_lines})"
+    if required:
+        raise RuntimeError(f"{message}: install a C++ compiler and ninja, or use optim_backend='auto' "
+                           f"or 'torch'") from error
+    _warn_once(f"{message}; the optimizers use their torch reference on CPU tensors")
+    return False
+
+
+@functools.cache
+def _build() -> Exception | None:
+    from torch.utils import cpp_extension
+    # One build per instruction set, with the flags of the kernels torch itself picked for this CPU,
+    # so a shared cache never hands a machine code it cannot run.
+    isa = torch.backends.cpu.get_cpu_capability()
+    flags = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}.get(isa, [])
+    name = f"nanomerit_kernels_{isa.lower()}"
+    start = time.perf_counter()
+    try:
+        _put_pip_ninja_on_path()
+        cpp_extension.load(name, [str(s) for s in _SOURCES], is_python_module=False,
+                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", *flags], extra_ldflags=["-fopenmp"])
+    except Exception as error:  # no compiler, no ninja, a read-only cache, ...
+        return error
+    print(f"optim: C++ kernels {name} built or loaded in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _put_pip_ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pip package installs it next to the interpreter."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
+                       eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
+                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
+    ratios = torch.ops.nanomerit.moments_and_ratios(p, g, m, v, beta1, beta2, eps, wd, m_scale, v_scale,
+                                                    max_p_norm, reduce == "rows_cols", l2)
+    return tuple(ratios) if reduce != "none" else ()
+
+
+def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
+                 clip: bool, count: bool) -> Tensor | None:
+    rows, cols = kernel_factors(p, rows, cols)
+    return torch.ops.nanomerit.apply_update(p, u, rows, cols, lr, clip, count)
+
+
+def kernel_factors(p: Tensor, rows: Tensor | None, cols: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The kernels' form of pass 2's factors (also the Triton kernels'): in the compute dtype,
+    ``rows`` None as a 0-d one."""
+    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
+    if rows is None:
+        rows = torch.ones((), dtype=p.dtype, device=p.device)
+    return rows.to(compute), None if cols is None else cols.to(compute)
+
+
+def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
+    torch.ops.nanomerit.lion_step(p, g, m, lr, wd, beta1, beta2)
+
+
+def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
+                scale: float, eps: float) -> None:
+    torch.ops.nanomerit.sophia_step(p, g, m, h, lr, wd, beta1, scale, eps)

@@ -1,0 +1,103 @@
+"""The protocol between the training loop and an optimizer, beyond ``step()``.
+
+The loop calls, and nothing else:
+
+* ``request_diagnostics()`` before the step of a log interval and ``pop_diagnostics()`` after it.
+  Between requests an optimizer computes nothing extra and causes no host synchronisation; on a
+  requested step it records 0-d tensors per parameter, and ``pop_diagnostics`` moves them to the
+  host in one transfer. Keys are ``"<statistic>/<parameter name>"`` (e.g.
+  ``"clip_fraction/transformer.h.3.attn.c_attn.weight"``), so a dashboard shows each statistic as
+  one panel group with a curve per layer.
+* ``after_step(step, loop)`` after optimizer step ``step`` (1-based): extra passes an optimizer
+  needs, such as Sophia-G's Hessian estimate, through the ``TrainingLoop`` it is handed.
+* ``backends()`` and ``describe()``: which implementation steps each parameter group, for the
+  start-up summary, the metrics log and the checkpoint.
+
+``TrainingHooks`` is the mixin every optimizer of this package inherits (optim/base.py and torch's
+AdamW in optim/adamw.py), with the defaults: no extra passes, the torch implementation.
+"""
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+# loss_fn(model, x, y, offset) -> scalar loss of micro-batch (x, y); offset: x's place in the token stream.
+LossFn = Callable[[nn.Module, Tensor, Tensor, int], Tensor]
+
+
+class TrainingLoop(Protocol):
+    """What ``after_step`` may use of the training loop."""
+
+    model: nn.Module  # the plain model (parameters, in their training order)
+    seed: int         # the run's seed
+
+    def gradients(self, loss_fn: LossFn) -> AbstractContextManager[None]:
+        """Inside: every parameter's ``.grad`` is the gradient of ``loss_fn``, averaged over the next
+        global batch (all ranks, all micro-batches) and unscaled; cleared on exit."""
+
+
+class TrainingHooks:
+    """Mix into a torch.optim.Optimizer; its step() checks ``diagnostics_requested``."""
+
+    _diagnostics_requested = False
+
+    def request_diagnostics(self) -> None:
+        self._diagnostics_requested = True
+        self._diagnostics = {}
+
+    @property
+    def diagnostics_requested(self) -> bool:
+        return self._diagnostics_requested
+
+    def record_diagnostics(self, group: dict, index: int, **stats: Tensor) -> None:
+        """Record statistics of parameter ``group["params"][index]`` for this step."""
+        name = group["names"][index] if "names" in group else f"group{self.param_groups.index(group)}.{index}"
+        for stat, value in stats.items():
+            self._diagnostics[f"{stat}/{name}"] = value.detach().float().reshape(())
+
+    def pop_diagnostics(self) -> dict[str, float]:
+        """This step's statistics as floats (one device-to-host copy); {} if none were requested."""
+        self._diagnostics_requested = False
+        records, self._diagnostics = getattr(self, "_diagnostics", {}), {}
+        if not records:
+            return {}
+        values = torch.stack([v.to(next(iter(records.values())).device) for v in records.values()]).tolist()
+        return dict(zip(records, values))
+
+    def after_step(self, step: int, loop: TrainingLoop) -> None:
+        """Extra passes after optimizer step ``step`` (1-based); none by default."""
+
+    def backends(self) -> dict[str, str]:
+        """Per parameter group ("group0", ...): the implementation that steps its tensors."""
+        return {f"group{i}": "torch" for i in range(len(self.param_groups))}
+
+    def describe(self) -> str:
+        """One line per parameter group: its size, weight decay and implementation."""
+        lines = []
+        for (key, backend), group in zip(self.backends().items(), self.param_groups):
+            numel = sum(p.numel() for p in group["params"])
+            lines.append(f"  {key}: {len(group['params'])} tensors, {numel / 1e6:.2f}M elements, "
+                         f"weight_decay {group['weight_decay']}: {backend}")
+        return "\n".join(lines)
+
+
+@contextmanager
+def update_rms_recorded(optimizer: TrainingHooks):
+    """Record ``update_rms`` (RMS of each parameter's change) over the enclosed step.
+
+    Generic, so it measures what the step really did (decay included, after rounding). It costs a
+    copy of the parameters, which is why optimizers enter it on requested steps only.
+    """
+    params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+    before = [torch.empty_like(p) for p in params]
+    torch._foreach_copy_(before, params)
+    yield
+    norms = iter(torch._foreach_norm(torch._foreach_sub(params, before)))
+    for group in optimizer.param_groups:
+        for index, p in enumerate(group["params"]):
+            norm = next(norms)
+            if p.grad is not None:  # parameters without a gradient were not stepped
+                optimizer.record_diagnostics(group, index, update_rms=norm / math.sqrt(p.numel()))
