@@ -18,14 +18,14 @@ from typing import IO
 
 @contextmanager
 def atomic_write(path, mode: str = "wb") -> Iterator[IO]:
-    """A file object for writing (``mode`` "wb" or "w") whose contents replace ``path`` on success."""
+    """A file object for writing (``mode`` "wb", or "w": UTF-8 text) whose contents replace ``path`` on success."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes whole files: mode 'wb' or 'w', not {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     try:
-        with open(tmp, mode.replace("w", "x")) as f:
+        with open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

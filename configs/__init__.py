@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atomic import atomic_write
 from model import GPTConfig
 from optim.backends import SETTINGS as BACKENDS
 
@@ -215,5 +216,6 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
 
 
 def save_config(config: TrainConfig, path: Path):
-    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    with atomic_write(path, "w") as f:
+        f.write(json.dumps(config.to_dict(), indent=2) + "\n")
 

@@ -26,7 +26,6 @@ import copy
 import json
 import math
 import multiprocessing
-import sys
 import time
 import urllib.request
 from collections import deque

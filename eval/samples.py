@@ -20,6 +20,8 @@ import json
 import re
 from pathlib import Path
 
+from atomic import atomic_write
+
 # ----------------------------------------------------------------------------------- LAMBADA
 # EleutherAI/lambada_openai (default, test): {"text": str}; the last word is the target.
 LAMBADA = [
@@ -457,7 +459,7 @@ def write_fixtures(data_dir: Path) -> dict[str, list[dict]]:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     for task, rows in FIXTURES.items():
-        with open(data_dir / f"{task}.jsonl", "w", encoding="utf-8") as f:
+        with atomic_write(data_dir / f"{task}.jsonl", "w") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     return json.loads(json.dumps(FIXTURES))  # a copy the caller may change
 
@@ -492,6 +494,7 @@ def write_harness_tasks(include_dir: Path, data_dir: Path) -> dict[str, tuple[di
         override = {"include": str(tasks_dir / rel), "task": f"{name}_fixture", "dataset_path": "json",
                     "dataset_name": None, "dataset_kwargs": {"data_files": {split: str(data_dir / f"{name}.jsonl")}},
                     **{key: None for key in SPLIT_KEYS if config.get(key) != split}}
-        (include_dir / f"{name}_fixture.yaml").write_text(yaml.safe_dump(override))
+        with atomic_write(include_dir / f"{name}_fixture.yaml", "w") as f:
+            f.write(yaml.safe_dump(override))
         written[name] = (config, f"{name}_fixture")
     return written

@@ -91,7 +91,11 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
         kwargs["eps"] = eps
     if "batch_tokens" in inspect.signature(factory).parameters:
         kwargs["batch_tokens"] = batch_tokens
-    return factory(params, **kwargs)
+    optimizer = factory(params, **kwargs)
+    if not isinstance(optimizer, TrainingHooks):  # the training loop relies on the protocol
+        raise TypeError(f"optimizer {key!r} builds a {type(optimizer).__name__}, which does not implement "
+                        f"optim.TrainingHooks: subclass optim.Optimizer, or mix TrainingHooks into it")
+    return optimizer
 
 
 def _did_you_mean(word: str, choices) -> str:

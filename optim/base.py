@@ -2,8 +2,8 @@
 
 A subclass holds its math, options and diagnostics only:
 
-* ``__init__`` passes its defaults (``lr``, ``betas``, ``weight_decay``, ``eps`` where it has one,
-  and its options) and ``backend`` to ``Optimizer.__init__``;
+* ``__init__`` passes its defaults (``lr``, ``weight_decay``, ``betas`` and ``eps`` where it has
+  them, and its options) and ``backend`` to ``Optimizer.__init__``;
 * ``FLAGS`` names its boolean options, ``check_options(h)`` checks the others (also of each
   param group's own values);
 * ``init_state(p)`` returns a new parameter's state (a float32 0-d "step" entry is counted up
@@ -11,7 +11,9 @@ A subclass holds its math, options and diagnostics only:
 * ``update(p, state, group, index)`` steps one parameter whose ``.grad`` is set, through the
   fused operations of ``self.implementation(group, *tensors)`` (optim/backends/);
 * ``reduces_rows_cols(p, group)``: whether p's operations reduce per row and column (MERIT);
-* ``RECORDS_UPDATE_RMS``: record the ``update_rms`` diagnostic around requested steps.
+* ``RECORDS_UPDATE_RMS``: record the ``update_rms`` diagnostic around requested steps;
+* ``USES_FUSED_OPERATIONS = False`` for an update written in plain torch (then ``backends()``
+  reports "torch" and no kernels are prepared).
 
 Hyper-parameters are checked here: lr >= 0, betas in [0, 1), eps >= 0 and weight_decay >= 0
 (NaN rejected), each error naming the bad value.
@@ -28,6 +30,7 @@ from .protocol import TrainingHooks, update_rms_recorded
 class Optimizer(TrainingHooks, torch.optim.Optimizer):
     FLAGS: tuple[str, ...] = ()
     RECORDS_UPDATE_RMS = False
+    USES_FUSED_OPERATIONS = True  # False: the update is the subclass's own torch code
     # Attributes beyond torch's that pickling (deepcopy, torch.save of the optimizer) keeps.
     _ATTRIBUTES: tuple[str, ...] = ("backend",)
 
@@ -36,7 +39,9 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
             defaults = {**defaults, "betas": tuple(defaults["betas"])}
         self._check(defaults)
         super().__init__(params, defaults)
-        backends.prepare(backend, [p for group in self.param_groups for p in group["params"]])
+        backends.check_setting(backend)
+        if self.USES_FUSED_OPERATIONS:
+            backends.prepare(backend, [p for group in self.param_groups for p in group["params"]])
         self.backend = backend
 
     def __getstate__(self) -> dict:
@@ -58,7 +63,7 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
         # Written as "not (valid)" so that NaN is rejected too.
         if not h["lr"] >= 0.0:
             raise ValueError(f"Invalid learning rate: {h['lr']} (must be >= 0)")
-        for i, beta in enumerate(h["betas"]):
+        for i, beta in enumerate(h.get("betas", ())):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in [0, 1))")
         if "eps" in h and not h["eps"] >= 0.0:
@@ -114,6 +119,8 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
     def backends(self) -> dict[str, str]:
         """Per group, the backend that steps its tensors (gradients and state laid out like their
         parameters, as autograd and ``init_state`` lay them out): "cpp", or e.g. "cpp x25, torch x1"."""
+        if not self.USES_FUSED_OPERATIONS:
+            return super().backends()
         summary = {}
         for i, group in enumerate(self.param_groups):
             names = [self.implementation(group, p).NAME for p in group["params"]]

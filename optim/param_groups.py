@@ -1,4 +1,4 @@
-"""The one parameter-group builder every optimizer uses (optimizers.md, "Parameter groups").
+"""The one parameter-group builder every optimizer uses (docs/optimizers.md, "Parameter groups").
 
 As in nanoGPT and the Sophia GPT-2 scripts: weight decay on matrices (Linear weights), none on
 biases, LayerNorm parameters and embeddings unless ``decay_embeddings``. The tied token-embedding /

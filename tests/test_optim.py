@@ -1,5 +1,5 @@
 """Tests of optim/: MERIT (and its ablations) and LAMB against naive float64 transcriptions of
-optimizers.md, on each implementation of their passes (the C++ kernels, the Triton kernels in
+docs/optimizers.md, on each backend of their passes (the C++ kernels, the Triton kernels in
 Triton's interpreter, the torch reference), their diagnostics, the shared param groups, the AdamW wiring and the registry."""
 import io
 import math
@@ -19,7 +19,7 @@ STEPS = 20
 
 
 class NaiveMERIT:
-    """optimizers.md's MERIT (and the ablations of MERIT's docstring) element by element in float64.
+    """docs/optimizers.md's MERIT (and the ablations of MERIT's docstring) element by element in float64.
 
     After each step, ``s`` holds that step's ratio per element and ``clipped`` the number of
     elements with |s * u| > 1.
@@ -70,7 +70,7 @@ class NaiveMERIT:
 
 
 class NaiveLAMB:
-    """optimizers.md's LAMB (pytorch-lamb style) and LAMB's two options, in float64."""
+    """docs/optimizers.md's LAMB (pytorch-lamb style) and LAMB's two options, in float64."""
 
     def __init__(self, p, lr, betas, eps, wd, bias_correction=False, ratio_only_with_decay=False):
         self.p = np.array(p, dtype=np.float64)

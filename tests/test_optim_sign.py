@@ -23,7 +23,7 @@ def sign(x: float) -> int:
 
 
 class NaiveLion:
-    """optimizers.md's Lion element by element in float64, written only from the spec."""
+    """docs/optimizers.md's Lion element by element in float64, written only from the spec."""
 
     def __init__(self, p, lr, betas, wd):
         self.p = np.array(p, dtype=np.float64)
@@ -40,7 +40,7 @@ class NaiveLion:
 
 
 class NaiveSophiaG:
-    """optimizers.md's Sophia-G element by element in float64, written only from the spec."""
+    """docs/optimizers.md's Sophia-G element by element in float64, written only from the spec."""
 
     def __init__(self, p, lr, betas, rho, wd, bs):
         self.p = np.array(p, dtype=np.float64)

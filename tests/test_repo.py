@@ -1,6 +1,12 @@
-"""The README's promises: two commands first, and CI runs the second one."""
+"""The README's promises (two commands first, CI runs the second one) and the layout's rules:
+nothing edits sys.path, optim/ reads no environment variable at import, scripts and tests
+import packages, not each other."""
+
+import ast
 
 from conftest import ROOT
+
+SOURCES = [p for p in ROOT.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
 
 
 def readme_commands() -> list[str]:
@@ -16,3 +22,46 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second():
     assert "pytest" in run_tests
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert run_tests in ci_lines
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_nothing_edits_sys_path():
+    assert len(SOURCES) > 50
+    offenders = [str(p.relative_to(ROOT)) for p in SOURCES
+                 if any(isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                        and node.value.id == "sys" for node in ast.walk(ast.parse(p.read_text())))]
+    assert offenders == []
+
+
+def test_optim_reads_no_environment_variable_at_import():
+    for path in (ROOT / "optim").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        # Module-level code: everything outside function bodies (class bodies run at import too).
+        pending, at_import = list(tree.body), []
+        while pending:
+            node = pending.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            at_import.append(node)
+            pending.extend(ast.iter_child_nodes(node))
+        reads = [node.lineno for node in at_import if isinstance(node, ast.Attribute)
+                 and node.attr in ("environ", "getenv") and isinstance(node.value, ast.Name) and node.value.id == "os"]
+        assert reads == [], f"{path.relative_to(ROOT)} reads the environment at import (lines {reads})"
+
+
+def test_scripts_and_tests_import_packages_not_each_other():
+    for path in (ROOT / "scripts").glob("*.py"):
+        imported = _imports(ast.parse(path.read_text()))
+        assert not {name for name in imported if name.split(".")[0] in ("tests", "conftest")}, path
+    for path in (ROOT / "tests").glob("*.py"):
+        imported = _imports(ast.parse(path.read_text()))
+        assert not {name for name in imported if name.split(".")[0] == "scripts"}, path

@@ -13,7 +13,6 @@ import torch
 from configs import load_config
 from conftest import ROOT, run_train
 from train import Trainer
-from training import checkpoint
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",

@@ -11,6 +11,8 @@ import math
 import warnings
 from pathlib import Path
 
+from atomic import atomic_write
+
 
 # Dense bf16 peak FLOP/s of common training GPUs, by a part of their device name, for MFU.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
@@ -94,5 +96,6 @@ def _run_id(run_dir: Path) -> str:
     if not path.exists():
         import wandb
 
-        path.write_text(wandb.util.generate_id())
+        with atomic_write(path, "w") as f:
+            f.write(wandb.util.generate_id())
     return path.read_text().strip()

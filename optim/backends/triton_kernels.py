@@ -1,10 +1,10 @@
-"""The optimizers' Triton kernels: their fused CUDA path (optim/triton_ops.py launches them).
+"""The optimizers' Triton kernels: their fused CUDA path (optim/backends/triton.py launches them).
 
 They compute what the C++ kernels of ``csrc/`` compute, with the same roundings, so the torch
-fallbacks remain the reference for both: MERIT's and LAMB's two passes (optim/passes.py) with a
+reference (optim/backends/reference.py) is the reference for both: MERIT's and LAMB's two passes with a
 small kernel between them that turns the reduced norms into trust ratios, and the one-sweep steps
 of Lion and Sophia-G. Elements are computed in float32 (float64 for float64 tensors); where a
-fallback rounds an intermediate to bfloat16, ``_round`` rounds it to nearest even with integer
+reference rounds an intermediate to bfloat16, ``_round`` rounds it to nearest even with integer
 operations, because Triton's CPU interpreter (how the tests run these kernels without a GPU)
 truncates in its float conversions. The launcher disables FMA contraction, and division and
 square root are the IEEE ones (``_div``, ``_sqrt``), so the interpreter and a GPU compute
@@ -142,7 +142,7 @@ def moments_and_norms(p_ptr, g_ptr, m_ptr, v_ptr, norms_ptr, norms_stride, parti
 def trust_ratios(norms_ptr, norms_stride, out_ptr, n, max_p_norm: tl.float64, max_ratio: tl.float64,
                  L2: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
     """out[j] = min(N(p), max_p_norm) / N(u) from the accumulated terms norms[0, j], norms[1, j],
-    in out's dtype as the fallback computes it there (norms and ratio rounded to it, an overflow
+    in out's dtype as the reference computes it there (norms and ratio rounded to it, an overflow
     the largest finite value ``max_ratio``), NaN (the guard: s = 1) where either norm is 0."""
     dtype = out_ptr.dtype.element_ty
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -1,8 +1,8 @@
 // The steps of the sign-based optimizers (Lion, Sophia-G) on CPU tensors, one sweep each: read
 // p, g and the state, write p and the state; nothing else touches memory. optim/lion.py and
-// optim/sophia.py document the rules; their torch fallbacks are the reference these kernels are
-// tested against, and every intermediate is rounded to the storage dtype where a fallback
-// rounds it (bfloat16), so the two agree to float rounding.
+// optim/sophia.py document the rules; optim/backends/reference.py is the torch reference these
+// kernels are tested against, and every intermediate is rounded to the storage dtype where the
+// reference rounds it (bfloat16), so the two agree to float rounding.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

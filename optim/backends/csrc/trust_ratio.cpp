@@ -1,6 +1,6 @@
 // The two memory-bound passes of the trust-ratio optimizers (MERIT, LAMB) on CPU tensors.
-// optim/passes.py documents the semantics (optim/kernels.py builds the extension); its torch
-// fallback is the reference these kernels are tested against.
+// optim/backends/__init__.py documents the semantics (optim/backends/cpp.py builds the extension);
+// optim/backends/reference.py is the torch reference these kernels are tested against.
 //
 // Pass 1 reads p, g, m, v once and writes m, v and u (into g's storage) while reducing |p| and
 // |u| (max) or p^2 and u^2 (sum, for l2 norms): over the whole tensor, or per row and per column
@@ -61,7 +61,7 @@ struct Pass1 {
   using S = Storage<scalar_t>;
   using raw = typename S::raw;
   using op_t = typename S::op_t;
-  struct Coef {  // u = m / (sqrt(v) * a + b) + wd * p, the fallback's form of u (passes.py)
+  struct Coef {  // u = m / (sqrt(v) * a + b) + wd * p, the reference's form of u (reference.py)
     op_t w1, b2, w2, a, b, wd;
   };
   const raw* p;
@@ -83,7 +83,7 @@ struct Pass1 {
     const op_t gj = S::load(G[j]), mj = S::load(M[j]), vj = S::load(V[j]), pj = S::load(P[j]);
     // m = m + (1-b1)*(g-m) (torch's lerp for b1 > 0.5; common.h's lerp, which also covers b1 <=
     // 0.5, measured 5-10% slower here), v = v*b2 + (1-b2)*g*g: both rounded to the storage dtype
-    // before u reads them, as in the fallback.
+    // before u reads them, as in the reference.
     const raw m_new = S::store(mj + c.w1 * (gj - mj));
     const raw v_new = S::store(S::load(S::store(vj * c.b2)) + c.w2 * gj * gj);
     const raw u = S::store(S::load(m_new) / (std::sqrt(S::load(v_new)) * c.a + c.b) + c.wd * pj);
@@ -137,7 +137,7 @@ struct Pass1 {
 constexpr int64_t kSpan = 1 << 14;   // elements per span of a flat sweep: short float sums
 constexpr int64_t kBlock = 1 << 16;  // elements per block of pass 2 (float counts: < 2^24)
 
-// ratio(N(p), N(u)) from two accumulators, exactly as the fallback computes it in p's dtype:
+// ratio(N(p), N(u)) from two accumulators, exactly as the reference computes it in p's dtype:
 // norms rounded to scalar_t, N(p) clamped at max_p_norm, NaN (the "ratio = 1" guard) if either
 // norm is 0, an overflow the largest finite value.
 template <typename scalar_t, bool L2, typename acc_t>

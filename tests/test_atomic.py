@@ -1,0 +1,60 @@
+"""atomic.py: a file or folder appears whole or not at all, and the temporary is never followed."""
+import os
+import uuid
+
+import pytest
+
+from atomic import atomic_directory, atomic_write
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "out.json"
+    with atomic_write(path, "w") as f:
+        f.write("first")
+    with atomic_write(path) as f:
+        f.write(b"second")
+    assert path.read_text() == "second" and os.listdir(path.parent) == ["out.json"]
+
+
+def test_a_failed_write_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"good")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(path) as f:
+            f.write(b"half")
+            raise KeyboardInterrupt  # killed mid-write
+    assert path.read_bytes() == b"good" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_the_temporary_is_opened_exclusively(tmp_path, monkeypatch):
+    # Someone plants a link under the temporary's name: it must be refused, not followed.
+    fixed = uuid.UUID(int=0)
+    monkeypatch.setattr(uuid, "uuid4", lambda: fixed)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = tmp_path / "metrics.jsonl"
+    (tmp_path / f".{path.name}.{os.getpid()}.{fixed.hex[:8]}.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        with atomic_write(path, "w") as f:
+            f.write("overwrite?")
+    assert victim.read_text() == "precious" and not path.exists()
+
+
+def test_atomic_directory_replaces_a_folder_whole_or_not_at_all(tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    with atomic_directory(out) as folder:
+        (folder / "config.json").write_text("{}")
+    assert os.listdir(out) == ["config.json"] and os.listdir(tmp_path) == ["hf"]
+    with pytest.raises(RuntimeError):
+        with atomic_directory(out) as folder:
+            (folder / "model.safetensors").write_bytes(b"partial")
+            raise RuntimeError("disk full")
+    assert os.listdir(out) == ["config.json"] and os.listdir(tmp_path) == ["hf"]
+
+
+def test_only_whole_file_modes():
+    with pytest.raises(ValueError, match="mode 'wb' or 'w'"):
+        with atomic_write("x", "a"):
+            pass
