@@ -15,7 +15,6 @@ class BrokenWandb(types.ModuleType):
     def __init__(self, fail_init: bool):
         super().__init__("wandb")
         self.fail_init = fail_init
-        self.util = types.SimpleNamespace(generate_id=lambda: "abc123")
         self.logged = []
 
     def init(self, **kwargs):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
+import string
 import warnings
 from pathlib import Path
 
@@ -91,11 +93,12 @@ class MetricsLogger:
 
 
 def _run_id(run_dir: Path) -> str:
-    """A wandb run id stored in the run folder, so a resumed run appends to the same wandb run."""
+    """A wandb run id stored in the run folder, so a resumed run appends to the same wandb run.
+    Made here (8 characters of [a-z0-9], wandb's own form): wandb's helpers for it moved between
+    versions (wandb.util.generate_id is gone in 0.31)."""
     path = run_dir / "wandb_id.txt"
     if not path.exists():
-        import wandb
-
+        alphabet = string.ascii_lowercase + string.digits
         with atomic_write(path, "w") as f:
-            f.write(wandb.util.generate_id())
+            f.write("".join(secrets.choice(alphabet) for _ in range(8)))
     return path.read_text().strip()

@@ -1,0 +1,74 @@
+"""wandb for real: train.py with the installed wandb package in offline mode, the run read back
+from the file wandb wrote (its transaction log of wandb's own protobuf records)."""
+import json
+import struct
+
+import pytest
+
+from conftest import run_train
+
+pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.0", "--log_interval=2", "--eval_interval=2", "--val_tokens=512", "--probe_batch_size=2",
+        "--batch_size=2", "--micro_batch_size=2", "--max_steps=4", "--checkpoint_interval=2", "--sample_tokens=0",
+        "--wandb_mode=offline"]
+
+
+def wandb_records(path):
+    """The protobuf records of a .wandb file. Its framing is LevelDB's log format, as wandb writes
+    it: a 7-byte file header (":W&B", magic 0xBEE1, version), then 32 KiB blocks of chunks, each
+    with a 7-byte header (crc32c, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a wandb transaction log"
+    block, header, pos, parts = 32768, 7, 7, []
+    while pos + header <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + header])
+        if left < header or (length == 0 and kind == 0):  # the rest of a block is padding
+            pos += left
+            continue
+        parts.append(data[pos + header:pos + header + length])
+        pos += header + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(b"".join(parts))
+            parts = []
+            yield record
+
+
+def read_run(run_dir):
+    """(run ids, history rows) over the offline runs in run_dir/wandb, in the order written."""
+    ids, rows = [], []
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.append(record.run.run_id)
+            elif kind == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return ids, rows
+
+
+def test_an_offline_run_holds_the_metrics_and_a_resumed_run_continues_its_id(byte_shards, tmp_path):
+    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
+    first = run_train(*common, "--stop_at_step=2")
+    assert "wandb could not start" not in first.stderr + first.stdout
+    run_train(*common, "--resume")
+    run_dir = tmp_path / "default"
+    ids, rows = read_run(run_dir)
+    assert len(ids) == 2 and ids[0] == ids[1] == (run_dir / "wandb_id.txt").read_text()  # one wandb run
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in logged if "step" in r]
+    assert [r["step"] for r in logged if "train/loss" in r] == [2, 4]
+    assert [r["step"] for r in logged if "val/loss" in r] == [0, 2, 4]
+    # Every record of the JSONL log reached wandb at its step, with the same values.
+    for record in logged:
+        matches = [row for row in rows if row.get("step") == record["step"] and record.keys() <= row.keys()]
+        assert matches, f"step {record['step']}: {sorted(record)} not in wandb's history"
+        assert {k: matches[0][k] for k in record} == pytest.approx(record)
+    for step in (2, 4):
+        row = next(r for r in rows if r.get("step") == step and "train/loss" in r)
+        assert {"max_logit/layer_00", "max_logit/layer_01"} <= row.keys()
+        assert any(key.startswith("trust_ratio_max/") for key in row)  # MERIT's diagnostics, per layer
