@@ -27,7 +27,7 @@ from data.loader import TokenLoader
 from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
-from training import distributed
+from training import distributed, run_folder
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.schedule import learning_rate
@@ -56,6 +56,8 @@ class Trainer:
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
         self.run_dir = Path(config.out_dir) / config.run_name
+        self.resuming = run_folder.claim(self.run_dir, config.resume, config.overwrite, self.ctx.is_main)
+        distributed.barrier(self.ctx)  # the main rank has made (or cleared) the folder
         self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
 
         dtype = resolve_dtype(config.dtype, self.device)
@@ -91,8 +93,14 @@ class Trainer:
 
         self.step = 0
         self.latest = {}  # the last value of every logged metric, for the final summary
-        if config.resume:
+        # The train-loss sum of the steps since the last log step (per rank), and their number;
+        # checkpointed, so a resumed run logs the losses of the uninterrupted one.
+        self.loss_window, self.window_steps = torch.zeros((), device=self.device), 0
+        if self.resuming:
             self.restore()
+            if self.step > self.total_steps:
+                raise ValueError(f"the checkpoint in {self.run_dir} is at step {self.step}, past this config's "
+                                 f"{self.total_steps} steps: raise max_steps (or max_tokens) to continue the run")
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
         self.train_model = torch.compile(self.model) if config.compile else self.model
         if self.ctx.enabled:
@@ -104,32 +112,37 @@ class Trainer:
     # --- the loop ---
     def train(self):
         config, ctx = self.config, self.ctx
+        if self.step == self.total_steps:
+            if ctx.is_main:
+                print(f"the run in {self.run_dir} already finished its {self.total_steps} steps: nothing to do "
+                      f"(raise max_steps to train on)")
+            return
         if ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(config, self.run_dir / "config.json")
             self.metrics = MetricsLogger(self.run_dir, config.to_dict(), wandb_mode=config.wandb_mode,
                                          project=config.wandb_project, entity=config.wandb_entity,
-                                         group=config.wandb_group, resume_step=self.step if config.resume else None)
+                                         group=config.wandb_group, resume_step=self.step if self.resuming else None)
             self.describe()
             self.metrics.log_run_info({"optim_backend": config.optim_backend, **self.optimizer.backends()})
         progress = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, unit="step",
                         dynamic_ncols=True)
-        loss_sum, steps_since_log, interval_start = torch.zeros((), device=self.device), 0, time.perf_counter()
+        interval_start = time.perf_counter()
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
         if self.step == 0:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
-            loss_sum += self.train_step(diagnose=log_step and ctx.is_main)
+            self.loss_window += self.train_step(diagnose=log_step and ctx.is_main)
             self.step += 1
             self.optimizer.after_step(self.step, self)
-            steps_since_log += 1
+            self.window_steps += 1
             progress.update()
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
-                self.log_train(loss_sum / steps_since_log, steps_since_log, elapsed, progress)
-                loss_sum.zero_(); steps_since_log = 0
+                self.log_train(self.loss_window / self.window_steps, self.window_steps, elapsed, progress)
+                self.loss_window.zero_()
+                self.window_steps = 0
                 interval_start = time.perf_counter()
             if self.step % config.eval_interval == 0 or final:
                 self.log({"val/loss": self.validation_loss()})
@@ -264,12 +277,15 @@ class Trainer:
         rng = {"cpu": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
+        loss_sums = distributed.all_gather_objects(self.loss_window.cpu(), self.ctx)
         if self.ctx.is_main:
             Checkpoint(model=self.model.state_dict(), model_args=vars(self.model_config).copy(),
                        optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
                        tokens=self.step * self.tokens_per_step, rng=rng_per_rank,
                        train_loader=self.train_loader.state_dict(), config=self.config.to_dict(),
-                       optim_backends=self.optimizer.backends()).save(self.run_dir / CHECKPOINT_NAME)
+                       optim_backends=self.optimizer.backends(),
+                       train_window={"steps": self.window_steps, "loss_sums": loss_sums},
+                       ).save(self.run_dir / CHECKPOINT_NAME)
         distributed.barrier(self.ctx)
 
     def zero_shot(self):
@@ -297,6 +313,11 @@ class Trainer:
         self.scaler.load_state_dict(state.scaler)
         self.train_loader.load_state_dict(state.train_loader)
         self.step = state.step
+        if state.train_window:
+            sums = state.train_window["loss_sums"]
+            # On another number of ranks each rank starts from the mean: the logged mean is the same.
+            mine = sums[self.ctx.rank] if len(sums) == self.ctx.world_size else torch.stack(sums).mean()
+            self.loss_window, self.window_steps = mine.to(self.device), state.train_window["steps"]
         # Each rank continues its own RNG stream. On another number of ranks the batches are split
         # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
         # has no state for keeps the fresh state seeded by seed + rank in __init__.

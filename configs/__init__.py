@@ -32,7 +32,8 @@ class TrainConfig:
     run_name: str = "default"  # the run folder is out_dir/run_name
     out_dir: str = "runs"
     seed: int = 1337
-    resume: bool = False  # continue from out_dir/run_name/ckpt.pt
+    resume: bool | str = False  # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
+    overwrite: bool = False  # start over in a run folder that holds a run (its checkpoint, metrics and config)
 
     # --- data ---
     data_dir: str = "cache/data/shakespeare-byte"  # shards written by data/prepare.py
@@ -101,6 +102,14 @@ class TrainConfig:
     peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
 
     def __post_init__(self):
+        _check(self.resume in (False, True, "auto"), f"resume={self.resume!r}: use --resume (a checkpoint must "
+               f"exist), --resume=auto (resume if one exists, else start) or leave it out")
+        _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: --resume continues "
+               "the run in the run folder, --overwrite starts it over")
+        _check(self.run_name not in ("", ".", "..") and "/" not in self.run_name and "\\" not in self.run_name,
+               f"run_name={self.run_name!r} must be one folder name (no '/', not '.' or '..'): the run folder "
+               f"is out_dir/run_name; put the path in out_dir")
+        self.optimizer = self.optimizer.lower()  # names are case-insensitive: one spelling in configs and checkpoints
         _check(self.batch_size > 0 and self.micro_batch_size > 0, "batch_size and micro_batch_size must be > 0")
         _check((self.max_steps > 0) != (self.max_tokens > 0),
                f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")

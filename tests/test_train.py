@@ -111,13 +111,18 @@ def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
 def small_checkpoint(step: int, value: float) -> Checkpoint:
     return Checkpoint(model={"w": torch.full((3,), value)}, model_args={"n_layer": 2, "n_embd": 32}, optimizer={},
                       scaler={}, step=step, tokens=0, rng=[], train_loader={},
-                      config={"tokenizer": "byte", "optimizer": "merit"})
+                      config={"tokenizer": "byte", "optimizer": "merit", "batch_size": 4})
 
 
 def test_incompatible_checkpoint_message(tmp_path):
     with pytest.raises(ValueError, match=r"n_embd: checkpoint 32, now 64"):
         small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 64},
-                                                  {"tokenizer": "byte", "optimizer": "merit"}, tmp_path)
+                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 4},
+                                                  tmp_path)
+    with pytest.raises(ValueError, match=r"batch_size: checkpoint 4, now 8"):
+        small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 32},
+                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 8},
+                                                  tmp_path)
 
 
 def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -207,8 +212,10 @@ def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_s
     win_rates = [v for r in records for k, v in r.items() if k.startswith("win_rate/")]
     assert win_rates and all(0.0 <= v <= 1.0 for v in win_rates)
     assert 0 < max(win_rates)  # h > 0 after the first estimate
-    assert Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1",
-                                          "--batch_size=8", "--micro_batch_size=2"))).optimizer.batch_tokens == 8 * 32
+    other = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1",
+                                           "--batch_size=8", "--micro_batch_size=2", "--run_name=bigger")))
+    assert other.optimizer.batch_tokens == 8 * 32
+    other.close()
 
 
 @pytest.mark.parametrize("optimizer, statistic", [("merit", "clip_fraction"), ("lamb", "trust_ratio"),

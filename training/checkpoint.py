@@ -3,7 +3,8 @@
 ``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
 validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
 export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
-below plus ``format_version``; version 1 files (before ``optim_backends``) are read as well.
+below plus ``format_version``; version 1 files (before ``optim_backends`` and ``train_window``)
+are read as well.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from model import GPT, GPTConfig
 CHECKPOINT_NAME = "ckpt.pt"
 FORMAT_VERSION = 2
 # Fields a version lacks, with the value its files are read with.
-_ADDED_IN = {2: {"optim_backends": {}}}
+_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}}
 
 
 def code_version() -> str:
@@ -49,6 +50,7 @@ class Checkpoint:
     config: dict           # the resolved TrainConfig.to_dict()
     code_version: str = field(default_factory=code_version)  # git describe of the sources
     optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
+    train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
 
     @classmethod
     def of_model(cls, model: GPT, tokenizer: str, step: int = 0, tokens: int = 0) -> Checkpoint:
@@ -90,11 +92,12 @@ class Checkpoint:
         return cls(**state)
 
     def check_compatible(self, model_args: dict, config: dict, path: Path) -> None:
-        """Refuse to resume a run whose model, tokenizer or optimizer differs from the checkpoint's."""
+        """Refuse to resume a run whose model, tokenizer, optimizer or global batch differs from the
+        checkpoint's (a new batch size would make the token counts and the data position wrong)."""
         mismatches = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
                       for key, value in model_args.items() if self.model_args.get(key) != value]
         mismatches += [f"{key}: checkpoint {self.config.get(key)!r}, now {config[key]!r}"
-                       for key in ("tokenizer", "optimizer") if self.config.get(key) != config[key]]
+                       for key in ("tokenizer", "optimizer", "batch_size") if self.config.get(key) != config[key]]
         if mismatches:
             raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
                              f"resume with the checkpoint's settings or start a new run_name")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import string
 import warnings
@@ -33,14 +34,16 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, config: dict, *, wandb_mode: str = "disabled", project: str = "nanomerit",
                  entity: str | None = None, group: str | None = None, resume_step: int | None = None):
         """resume_step: the step a resumed run continues from; records the interrupted run wrote
-        after its last checkpoint are dropped, so the log reads as one uninterrupted run."""
+        after its last checkpoint are dropped (the file rewritten atomically), so the log reads as
+        one uninterrupted run. The log is append-only and flushed per record; it is opened
+        without following a link planted in its place."""
         self.path = run_dir / "metrics.jsonl"
-        kept = []
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line and json.loads(line).get("step", 0) <= resume_step]
-        self._file = open(self.path, "w")
-        self._file.writelines(line + "\n" for line in kept)
+            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= resume_step]
+            with atomic_write(self.path, "w") as f:
+                f.writelines(line + "\n" for line in kept)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._wandb = None
         if wandb_mode != "disabled":
             self._wandb = self._start_wandb(run_dir, config, wandb_mode, project, entity, group,
@@ -90,6 +93,14 @@ class MetricsLogger:
                 self._wandb.finish()
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"wandb.finish failed ({e})")
+
+
+def _step_of(line: str) -> float:
+    """The step of a JSONL record; infinite for a torn last line (a kill mid-write), which is dropped."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return math.inf
 
 
 def _run_id(run_dir: Path) -> str:

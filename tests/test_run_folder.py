@@ -1,0 +1,87 @@
+"""The run folder is owned by one run: no silent replacement, --resume / --resume=auto /
+--overwrite, a finished run resumed is a no-op, and a resumed run's log reads as one run."""
+import json
+import os
+
+import pytest
+
+from conftest import run_train
+
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.1", "--eval_interval=4", "--val_tokens=512", "--probe_batch_size=2", "--lr=0.01",
+        "--min_lr=0.001", "--warmup_steps=2", "--batch_size=4", "--micro_batch_size=2", "--sample_tokens=0"]
+
+
+def comparable(log):
+    """A metrics log's records without the start-up line and the timing keys."""
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu")} for r in records if "run_info" not in r]
+
+
+def folder_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def train(data, out, *extra, check=True):
+    return run_train(*TINY, f"--data_dir={data}", f"--out_dir={out}", *extra, check=check)
+
+
+def test_a_run_folder_is_not_replaced_without_resume_or_overwrite(byte_shards, tmp_path):
+    train(byte_shards, tmp_path, "--max_steps=2", "--log_interval=1")
+    before = folder_bytes(tmp_path / "default")
+    refused = train(byte_shards, tmp_path, "--max_steps=2", check=False)
+    assert refused.returncode != 0 and "already holds a run (ckpt.pt, metrics.jsonl, config.json)" in refused.stderr
+    assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
+    assert folder_bytes(tmp_path / "default") == before  # nothing touched
+    train(byte_shards, tmp_path, "--max_steps=3", "--log_interval=1", "--overwrite")
+    records = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]  # a new run, not appended to the old
+
+
+def test_resume_auto_starts_fresh_or_continues(byte_shards, tmp_path):
+    # A run that died before its first checkpoint left a log: --resume=auto starts over.
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "metrics.jsonl").write_text('{"step": 0, "val/loss": 9.0}\n')
+    train(byte_shards, tmp_path, "--max_steps=8", "--log_interval=3", "--resume=auto", "--stop_at_step=5")
+    train(byte_shards, tmp_path, "--max_steps=8", "--log_interval=3", "--resume=auto")
+    train(byte_shards, tmp_path, "--max_steps=8", "--log_interval=3", "--run_name=straight")
+    split, straight = (comparable(tmp_path / name / "metrics.jsonl") for name in ("default", "straight"))
+    # The train-loss window of steps 4-5 was checkpointed: step 6's loss is the uninterrupted run's.
+    assert split == straight and [r["step"] for r in split if "train/loss" in r] == [3, 6, 8]
+
+
+def test_a_finished_run_resumed_is_a_no_op_and_too_few_steps_is_an_error(byte_shards, tmp_path):
+    train(byte_shards, tmp_path, "--max_steps=3", "--log_interval=1")
+    before = folder_bytes(tmp_path / "default")
+    again = train(byte_shards, tmp_path, "--max_steps=3", "--resume")
+    assert "already finished its 3 steps: nothing to do" in again.stdout
+    assert folder_bytes(tmp_path / "default") == before
+    fewer = train(byte_shards, tmp_path, "--max_steps=2", "--resume=auto", check=False)
+    assert fewer.returncode != 0 and "at step 3, past this config's 2 steps: raise max_steps" in fewer.stderr
+    other_batch = train(byte_shards, tmp_path, "--max_steps=6", "--resume", "--batch_size=8", check=False)
+    assert other_batch.returncode != 0 and "batch_size: checkpoint 4, now 8" in other_batch.stderr
+    assert folder_bytes(tmp_path / "default") == before
+
+
+@pytest.mark.parametrize("run_name", ["../escape", "/abs", "a/b", ".."])
+def test_run_name_is_one_folder_name(byte_shards, tmp_path, run_name):
+    result = train(byte_shards, tmp_path / "out", "--max_steps=1", f"--run_name={run_name}", check=False)
+    assert result.returncode != 0 and "must be one folder name" in result.stderr
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == []
+
+
+def test_a_resumed_log_drops_a_torn_line_and_does_not_follow_a_planted_link(byte_shards, tmp_path):
+    train(byte_shards, tmp_path, "--max_steps=4", "--log_interval=2", "--stop_at_step=2")
+    log = tmp_path / "default" / "metrics.jsonl"
+    with open(log, "a") as f:
+        f.write('{"step": 3, "train/lo')  # killed mid-record
+    train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--stop_at_step=4", "--resume")
+    assert [r["step"] for r in comparable(log) if "train/loss" in r] == [2, 4]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    kept = log.read_bytes()
+    log.unlink()
+    log.symlink_to(victim)  # planted where the log was
+    train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--resume")
+    assert victim.read_text() == "precious" and not log.is_symlink()
+    assert [r["step"] for r in comparable(log) if "train/loss" in r] == [6] and kept

@@ -1,0 +1,54 @@
+"""The run folder, out_dir/run_name: one run owns it.
+
+A folder that holds a run (its checkpoint, metrics, config) is continued only with
+``resume`` and started over only with ``overwrite``; anything else is an error that says which
+to choose, so a rerun of a run name never silently replaces a run. ``resume="auto"`` continues
+a checkpoint if there is one and otherwise starts afresh, clearing what a run that died before
+its first checkpoint left: what ``torchrun --max-restarts`` and a requeued SLURM job need.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from training.checkpoint import CHECKPOINT_NAME
+
+# What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
+RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
+
+
+def claim(run_dir: Path, resume: bool | str, overwrite: bool, is_main: bool) -> bool:
+    """Check (and, on the main rank, prepare) the run folder; whether the run resumes."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"the run folder {run_dir} is a file: choose another out_dir or run_name")
+    has_checkpoint = (run_dir / CHECKPOINT_NAME).is_file()
+    if resume is True:
+        if not has_checkpoint:
+            raise FileNotFoundError(f"--resume: no checkpoint at {run_dir / CHECKPOINT_NAME}; start without "
+                                    f"--resume, use --resume=auto, or point out_dir/run_name at the run folder")
+        return True
+    if resume == "auto" and has_checkpoint:
+        return True
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if held and resume != "auto" and not overwrite:
+        raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
+                              f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
+                              f"run_name")
+    if is_main:
+        _make_writable(run_dir)
+        for name in held:  # --overwrite, or --resume=auto after a run that never checkpointed
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return False
+
+
+def _make_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OSError(f"cannot create the run folder {run_dir} ({error.strerror}): choose a writable out_dir") from error
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise PermissionError(f"the run folder {run_dir} is not writable: choose a writable out_dir, or fix its "
+                              f"permissions")
