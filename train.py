@@ -46,6 +46,10 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
     return peak_bf16_flops(torch.cuda.get_device_name(device))
 
 
+class NonFiniteError(RuntimeError):
+    """Training met a NaN or inf it may not go on with (config.nonfinite)."""
+
+
 class Trainer:
     """The training loop; to the optimizer it is an ``optim.TrainingLoop`` (``model``, ``seed``,
     ``gradients``), which the optimizer's ``after_step`` may use for extra passes."""
@@ -96,6 +100,11 @@ class Trainer:
         # The train-loss sum of the steps since the last log step (per rank), and their number;
         # checkpointed, so a resumed run logs the losses of the uninterrupted one.
         self.loss_window, self.window_steps = torch.zeros((), device=self.device), 0
+        # The non-finite policy's bookkeeping: the first step with a NaN/inf gradient ("stop":
+        # kept on the device and read where the loop syncs anyway), skipped steps ("skip").
+        self.first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.skipped_steps, self.skipped_in_a_row = 0, 0
+        self.last_checkpoint_step = None
         if self.resuming:
             self.restore()
             if self.step > self.total_steps:
@@ -132,10 +141,12 @@ class Trainer:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
-            self.loss_window += self.train_step(diagnose=log_step and ctx.is_main)
-            self.step += 1
+            loss = self.train_step(diagnose=log_step and ctx.is_main)
+            if loss is not None:
+                self.loss_window += loss
+                self.window_steps += 1
+            self.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
             self.optimizer.after_step(self.step, self)
-            self.window_steps += 1
             progress.update()
             final = self.step == self.total_steps
             if log_step:
@@ -163,8 +174,9 @@ class Trainer:
                 self.summarize()
             self.metrics.close()
 
-    def train_step(self, diagnose: bool = False) -> torch.Tensor:
-        """One optimizer step over the global batch; returns the mean loss (no host sync).
+    def train_step(self, diagnose: bool = False) -> torch.Tensor | None:
+        """One optimizer step over the global batch; returns the mean loss (no host sync), or None
+        if nonfinite="skip" dropped the update (one host sync a step: the price of skipping).
         diagnose: ask the optimizer for its diagnostics on this step (log steps only)."""
         lr = learning_rate(self.step, total=self.total_steps, warmup=self.warmup_steps, lr=self.config.lr,
                            min_lr=self.config.min_lr, schedule=self.config.lr_schedule,
@@ -173,12 +185,53 @@ class Trainer:
             group["lr"] = lr
         total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y)[1])
         self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
+        # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
+        # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
+        finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
+        if self.config.nonfinite == "skip":
+            if not finite.item():
+                self.skip_step()
+                return None
+            self.skipped_in_a_row = 0
+        else:
+            self.first_nonfinite_step = torch.where((self.first_nonfinite_step < 0) & ~finite,
+                                                    self.step + 1, self.first_nonfinite_step)
         if diagnose:
             self.optimizer.request_diagnostics()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total_loss
+
+    def skip_step(self):
+        """Drop this step's update: parameters and optimizer state stay as they are."""
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        self.skipped_in_a_row += 1
+        tqdm.write(f"step {self.step + 1}: non-finite gradient (norm {self.grad_norm.item()}), update skipped "
+                   f"({self.skipped_in_a_row} in a row, {self.skipped_steps} in all)")
+        if self.skipped_in_a_row >= self.config.max_skipped_steps:
+            raise NonFiniteError(f"{self.skipped_in_a_row} steps in a row had a non-finite gradient (the last at step "
+                                 f"{self.step + 1}); stopping. {self._last_good()}")
+
+    def check_finite(self):
+        """nonfinite="stop": raise at the first non-finite gradient seen, before anything is saved;
+        and never save parameters that are not finite (whatever made them so)."""
+        bad_step = self.first_nonfinite_step.item()
+        if bad_step >= 0:
+            raise NonFiniteError(f"non-finite gradient at step {bad_step}: stopping without saving. "
+                                 f"{self._last_good()}. To drop such steps instead, set nonfinite='skip'")
+        norms = torch._foreach_norm([p.detach() for p in self.model.parameters()])
+        if not torch.stack(norms).isfinite().all():
+            raise NonFiniteError(f"the parameters are not finite at step {self.step}: stopping without saving. "
+                                 f"{self._last_good()}")
+
+    def _last_good(self) -> str:
+        if self.last_checkpoint_step is None:
+            return "No checkpoint was written yet"
+        return (f"The last good checkpoint is {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}: "
+                f"resume it with --resume, e.g. with a lower lr")
 
     def forward_backward(self, loss_fn: LossFn) -> torch.Tensor:
         """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
@@ -207,12 +260,15 @@ class Trainer:
 
     # --- measurements ---
     def log_train(self, mean_loss: torch.Tensor, steps: int, elapsed: float, progress):
+        self.check_finite()  # at a log step the loop syncs anyway
         loss = distributed.all_reduce_mean(mean_loss.clone(), self.ctx).item()
         if not self.ctx.is_main:
             return
         tokens_per_s = steps * self.tokens_per_step / elapsed
         record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                   "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
+        if self.config.nonfinite == "skip":
+            record["skipped_steps"] = self.skipped_steps
         record.update(self.optimizer.pop_diagnostics())
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
@@ -274,6 +330,7 @@ class Trainer:
 
     # --- checkpoints ---
     def save_checkpoint(self):
+        self.check_finite()
         rng = {"cpu": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
@@ -287,6 +344,7 @@ class Trainer:
                        train_window={"steps": self.window_steps, "loss_sums": loss_sums},
                        ).save(self.run_dir / CHECKPOINT_NAME)
         distributed.barrier(self.ctx)
+        self.last_checkpoint_step = self.step
 
     def zero_shot(self):
         """Run the configured zero-shot tasks (eval/) on the current weights, each rank scoring its
@@ -312,7 +370,7 @@ class Trainer:
         self.optimizer.load_state_dict(state.optimizer)
         self.scaler.load_state_dict(state.scaler)
         self.train_loader.load_state_dict(state.train_loader)
-        self.step = state.step
+        self.step = self.last_checkpoint_step = state.step
         if state.train_window:
             sums = state.train_window["loss_sums"]
             # On another number of ranks each rank starts from the mean: the logged mean is the same.
@@ -356,6 +414,8 @@ def main(argv: list[str]):
     trainer = Trainer(config)
     try:
         trainer.train()
+    except NonFiniteError as error:
+        sys.exit(f"train.py: {error}")
     finally:
         trainer.close()
 

@@ -72,6 +72,8 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float | None = None  # None: the optimizer's own default
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    nonfinite: str = "stop"  # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
+    max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
     decay_embeddings: bool = False
     optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
     optim_backend: str = "auto"  # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
@@ -118,6 +120,9 @@ class TrainConfig:
         _check(self.lr_schedule in ("cosine", "wsd"), f"lr_schedule={self.lr_schedule!r}: use 'cosine' or 'wsd'")
         _check(self.wandb_mode in ("online", "offline", "disabled"),
                f"wandb_mode={self.wandb_mode!r}: use 'online', 'offline' or 'disabled'")
+        _check(self.nonfinite in ("stop", "skip"), f"nonfinite={self.nonfinite!r}: use 'stop' (exit at the first "
+               f"non-finite gradient, keeping the last good checkpoint) or 'skip' (drop that step's update)")
+        _check(self.max_skipped_steps >= 1, f"max_skipped_steps={self.max_skipped_steps} must be >= 1")
         _check(self.optim_backend in BACKENDS,
                f"optim_backend={self.optim_backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"),

@@ -1,0 +1,85 @@
+"""The non-finite policy: "stop" exits non-zero and never saves a non-finite state over a good
+checkpoint; "skip" drops the update (parameters and optimizer state untouched) and goes on."""
+import copy
+
+import pytest
+import torch
+
+from configs import load_config
+from conftest import ROOT, run_train
+from train import NonFiniteError, Trainer
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.0", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2", "--batch_size=2",
+        "--micro_batch_size=2", "--sample_tokens=0", "--lr=0.01", "--min_lr=0.0", "--warmup_steps=0"]
+
+
+def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards, tmp_path):
+    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=adamw",
+              "--log_interval=2", "--checkpoint_interval=2"]
+    run_train(*common, "--max_steps=4")
+    path = tmp_path / "default" / CHECKPOINT_NAME
+    good = path.read_bytes()
+    # lr 1e30: step 5's update overflows the weights, step 6's gradient is NaN.
+    diverged = run_train(*common, "--max_steps=8", "--resume", "--lr=1e30", check=False)
+    assert diverged.returncode == 1, diverged.stderr[-2000:]
+    assert "non-finite gradient at step 6: stopping without saving" in diverged.stderr
+    assert f"The last good checkpoint is {path} at step 4" in diverged.stderr
+    assert path.read_bytes() == good  # never overwritten by the diverged state
+    assert all(t.isfinite().all() for t in Checkpoint.load(path).model.values())
+
+
+def _trainer(byte_shards, tmp_path, *extra):
+    return Trainer(load_config(None, [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
+                                      "--log_interval=1", *extra]))
+
+
+def _poison(trainer, steps):
+    """NaN in one gradient element on the given (1-based) optimizer steps."""
+    forward_backward = trainer.forward_backward
+
+    def poisoned(loss_fn):
+        loss = forward_backward(loss_fn)
+        if trainer.step + 1 in steps:
+            next(trainer.model.parameters()).grad.view(-1)[0] = float("nan")
+        return loss
+    trainer.forward_backward = poisoned
+
+
+def test_skip_leaves_parameters_and_optimizer_state_untouched(byte_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    trainer = _trainer(byte_shards, tmp_path, "--nonfinite=skip", "--max_steps=5", "--optimizer=merit")
+    _poison(trainer, {3})
+    snapshots = {}
+    train_step = trainer.train_step
+
+    def recording(diagnose=False):
+        before = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
+        loss = train_step(diagnose)
+        snapshots[trainer.step + 1] = before, loss
+        return loss
+    trainer.train_step = recording
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    (model_before, optim_before), loss = snapshots[3]
+    (model_after, optim_after), _ = snapshots[4]  # the state step 4 started from
+    assert loss is None and trainer.skipped_steps == 1 and trainer.step == 5
+    assert all(torch.equal(model_before[k], model_after[k]) for k in model_before)
+    for x, y in zip(optim_before["state"].values(), optim_after["state"].values()):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    assert not all(torch.equal(snapshots[2][0][0][k], model_before[k]) for k in model_before)  # others did move
+    saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
+    assert saved.step == 5 and all(t.isfinite().all() for t in saved.model.values())
+
+
+def test_skip_stops_after_max_skipped_steps_in_a_row(byte_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    trainer = _trainer(byte_shards, tmp_path, "--nonfinite=skip", "--max_skipped_steps=3", "--max_steps=20")
+    _poison(trainer, {2, 4, 5, 6, 7})
+    with pytest.raises(NonFiniteError, match="3 steps in a row had a non-finite gradient \\(the last at step 6\\)"):
+        trainer.train()
+    trainer.close()
+    assert trainer.skipped_steps == 4
