@@ -24,6 +24,7 @@ from tqdm import tqdm
 import optim
 from configs import TrainConfig, load_config, save_config
 from data.loader import TokenLoader
+from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
@@ -60,8 +61,9 @@ class Trainer:
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
         self.run_dir = Path(config.out_dir) / config.run_name
-        self.resuming = run_folder.claim(self.run_dir, config.resume, config.overwrite, self.ctx.is_main)
-        distributed.barrier(self.ctx)  # the main rank has made (or cleared) the folder
+        # Every input is checked before anything is written: the run folder is made in train().
+        self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
+        verify_manifest(config.data_dir, config.tokenizer)
         self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
 
         dtype = resolve_dtype(config.dtype, self.device)
@@ -127,6 +129,7 @@ class Trainer:
                       f"(raise max_steps to train on)")
             return
         if ctx.is_main:
+            run_folder.prepare(self.run_dir, self.stale_files)
             save_config(config, self.run_dir / "config.json")
             self.metrics = MetricsLogger(self.run_dir, config.to_dict(), wandb_mode=config.wandb_mode,
                                          project=config.wandb_project, entity=config.wandb_entity,
@@ -410,11 +413,14 @@ class Trainer:
 
 def main(argv: list[str]):
     config_path = argv[0] if argv and not argv[0].startswith("--") else None
-    config = load_config(config_path, argv[1:] if config_path else argv)
-    trainer = Trainer(config)
+    try:
+        config = load_config(config_path, argv[1:] if config_path else argv)
+        trainer = Trainer(config)
+    except (ValueError, OSError) as error:  # a bad config, run folder, data folder or checkpoint
+        sys.exit(f"train.py: {error}")
     try:
         trainer.train()
-    except NonFiniteError as error:
+    except (NonFiniteError, OSError) as error:
         sys.exit(f"train.py: {error}")
     finally:
         trainer.close()

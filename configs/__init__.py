@@ -19,6 +19,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+import optim
 from atomic import atomic_write
 from model import GPTConfig
 from optim.backends import SETTINGS as BACKENDS
@@ -122,12 +125,35 @@ class TrainConfig:
                f"wandb_mode={self.wandb_mode!r}: use 'online', 'offline' or 'disabled'")
         _check(self.nonfinite in ("stop", "skip"), f"nonfinite={self.nonfinite!r}: use 'stop' (exit at the first "
                f"non-finite gradient, keeping the last good checkpoint) or 'skip' (drop that step's update)")
-        _check(self.max_skipped_steps >= 1, f"max_skipped_steps={self.max_skipped_steps} must be >= 1")
         _check(self.optim_backend in BACKENDS,
                f"optim_backend={self.optim_backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
+        _check(self.lr > 0, f"lr={self.lr} must be > 0 (the peak learning rate; min_lr is where it decays to)")
         _check(0.0 <= self.min_lr <= self.lr, f"min_lr={self.min_lr} must lie in [0, lr={self.lr}]")
+        _check(self.warmup_steps >= 0 and self.warmup_tokens >= 0,
+               f"warmup_steps={self.warmup_steps} and warmup_tokens={self.warmup_tokens} must be >= 0")
+        _check(0.0 <= self.decay_fraction <= 1.0, f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
+        for key in ("probe_batch_size", "val_tokens", "max_skipped_steps"):
+            _check(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
+        for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip", "weight_decay"):
+            _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
+        _check(self.tokenizer in ("gpt2", "byte"), f"tokenizer={self.tokenizer!r}: use 'gpt2' or 'byte'")
+        _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
+        _check(self.device != "cuda" or torch.cuda.is_available(),
+               "device='cuda', but this torch sees no CUDA device: use device='auto' or 'cpu', or install a "
+               "CUDA build of torch")
+        try:
+            optim.check_options(self.optimizer, self.optimizer_options)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"optimizer={self.optimizer!r}, optimizer_options={self.optimizer_options!r}: "
+                              f"{error}") from error
+        if self.zero_shot_tasks:
+            from eval.tasks import resolve
+            try:
+                resolve(self.zero_shot_tasks)
+            except ValueError as error:
+                raise ConfigError(f"zero_shot_tasks={self.zero_shot_tasks!r}: {error}") from error
         _check(self.log_interval > 0 and self.eval_interval > 0, "log_interval and eval_interval must be > 0")
         _check(self.zero_shot_interval >= 0 and (self.zero_shot_limit is None or self.zero_shot_limit > 0),
                "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
@@ -156,6 +182,8 @@ class TrainConfig:
         total = self.max_steps or self.max_tokens // tokens_per_step
         warmup = self.warmup_steps or self.warmup_tokens // tokens_per_step
         _check(total > 0, f"max_tokens={self.max_tokens} is less than one step of {tokens_per_step} tokens")
+        _check(warmup <= total, f"the warmup ({warmup} steps) is longer than the run ({total} steps): shorten "
+                                f"warmup_steps / warmup_tokens or lengthen the run")
         return total, warmup
 
     def to_dict(self) -> dict:

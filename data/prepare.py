@@ -26,6 +26,7 @@ import copy
 import json
 import math
 import multiprocessing
+import sys
 import time
 import urllib.request
 from collections import deque
@@ -36,7 +37,7 @@ from tqdm import tqdm
 
 from atomic import atomic_write
 from data import assets
-from data.shards import ShardWriter, open_shard
+from data.shards import MANIFEST, ShardWriter, open_shard, verify_manifest
 from data.tokenizer import get_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # default output: REPO_ROOT/cache/data/...
@@ -48,7 +49,6 @@ OPENWEBTEXT_HUB_ID = "Skylion007/openwebtext"
 NANOGPT_VAL_FRACTION, NANOGPT_SPLIT_SEED = 0.0005, 2357  # nanoGPT's data/openwebtext/prepare.py
 DEFAULT_SHARD_TOKENS = 100_000_000
 DOCUMENTS_PER_BATCH = 1024  # one task for a worker, and the checkpoint interval
-MANIFEST = "manifest.json"
 PROGRESS = ".prepare_progress.json"  # the checkpoint of an unfinished preparation
 SPLITS = ("train", "val")
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -403,9 +403,21 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=multiprocessing.cpu_count(),
                         help="tokenizer processes (default: one per CPU)")
     parser.add_argument("--force", action="store_true", help="redo even if already prepared")
+    parser.add_argument("--verify", metavar="DIR", type=Path,
+                        help="check a prepared folder against its manifest (shard sizes and sha256s) and exit")
     args = parser.parse_args(argv)
+    if args.verify:
+        try:
+            manifest = verify_manifest(args.verify, None, sha256=True)
+        except ValueError as error:
+            sys.exit(f"prepare: {error}")
+        if manifest is None:
+            sys.exit(f"prepare: {args.verify} has no {MANIFEST}: not a folder prepared by data/prepare.py")
+        shards = sum(len(split["shards"]) for split in manifest["splits"].values())
+        print(f"{args.verify}: {shards} shards match {MANIFEST} (sizes and sha256), {manifest['tokenizer']} tokenizer")
+        return
     if [args.corpus, args.dataset, args.files].count(None) != 2:
-        parser.error("give one of: a corpus name (shakespeare, openwebtext), --dataset NAME, --files GLOB")
+        parser.error("give one of: a corpus name (shakespeare, openwebtext), --dataset NAME, --files GLOB, --verify DIR")
     if args.source and args.corpus != "openwebtext":
         parser.error("--source is for openwebtext; use --dataset for other hub datasets")
 

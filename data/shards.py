@@ -4,6 +4,7 @@ llm.c and modded-nanogpt load as they are.
 A shard is a header of 256 int32 (magic 20240520, version 1, token count, zeros) followed by the
 tokens as uint16. nanoGPT's header-less train.bin / val.bin (raw uint16) are read as well.
 """
+import json
 import os
 import re
 from pathlib import Path
@@ -189,6 +190,40 @@ def list_shards(data_dir, split: str) -> list[Path]:
         raise FileNotFoundError(
             f"no {split!r} shards in data dir {data_dir}; {prepare_hint(data_dir)}")
     return shards
+
+
+MANIFEST = "manifest.json"  # written by data/prepare.py last: its presence means the folder is complete
+
+
+def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> dict | None:
+    """Check a prepared folder against its manifest.json (if it has one; shards from other tools
+    have none): the tokenizer it was made with (unless ``tokenizer`` is None), and every listed
+    shard present with the size its token count gives (and, if ``sha256``, its checksum).
+    Returns the manifest."""
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): prepare the data again with --force") from error
+    if tokenizer is not None and manifest.get("tokenizer") != tokenizer:
+        raise ValueError(f"the data in {data_dir} was prepared with the {manifest.get('tokenizer')!r} tokenizer "
+                         f"({MANIFEST}), but the config says tokenizer={tokenizer!r}: set "
+                         f"tokenizer={manifest.get('tokenizer')!r}, or prepare the data with --tokenizer {tokenizer}")
+    for split, listed in manifest.get("splits", {}).items():
+        for shard in listed["shards"]:
+            file = Path(data_dir) / shard["file"]
+            expected = HEADER_BYTES + 2 * shard["tokens"]
+            found = file.stat().st_size if file.is_file() else None
+            if found != expected:
+                what = "is missing" if found is None else f"has {found} bytes"
+                raise ValueError(f"{file} {what}, but {MANIFEST} lists it with {shard['tokens']} tokens "
+                                 f"({expected} bytes): prepare the data again with --force")
+            if sha256 and sha256_of(file) != shard["sha256"]:
+                raise ValueError(f"{file}: its sha256 is not the one {MANIFEST} lists: the file changed after "
+                                 f"preparation; prepare the data again with --force")
+    return manifest
 
 
 def prepare_hint(data_dir) -> str:

@@ -24,7 +24,7 @@ from .protocol import TrainingHooks, TrainingLoop
 from .sophia import SophiaG
 
 __all__ = ["BACKENDS", "LAMB", "Lion", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "TrainingLoop", "adamw",
-           "available", "build", "param_groups", "register"]
+           "available", "build", "check_options", "param_groups", "register"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -66,18 +66,8 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     scale, which then requires it) and ignored by the others.
     """
     key = name.lower()
-    if key not in _REGISTRY:
-        raise ValueError(f"unknown optimizer {name!r}{_did_you_mean(key, _REGISTRY)}; "
-                         f"valid names: {', '.join(available())}")
+    check_options(key, options)
     factory = _REGISTRY[key]
-    accepted = [n for n, prm in inspect.signature(factory).parameters.items()
-                if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)
-                and n != "params" and n not in _COMMON + _CONTEXT]
-    for option in options:
-        if option not in accepted:
-            raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
-                            f"{_did_you_mean(option, [*accepted, *_COMMON])}; "
-                            f"accepted options: {', '.join(accepted) or 'none'}")
     if isinstance(model_or_named_params, nn.Module):
         params = param_groups(model_or_named_params, weight_decay, decay_embeddings)
     elif decay_embeddings:
@@ -96,6 +86,27 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
         raise TypeError(f"optimizer {key!r} builds a {type(optimizer).__name__}, which does not implement "
                         f"optim.TrainingHooks: subclass optim.Optimizer, or mix TrainingHooks into it")
     return optimizer
+
+
+def check_options(name: str, options) -> None:
+    """ValueError for an unknown optimizer name, TypeError for an option ``name`` does not take
+    (a common hyper-parameter included: those are set at the top level)."""
+    key = name.lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown optimizer {name!r}{_did_you_mean(key, _REGISTRY)}; "
+                         f"valid names: {', '.join(available())}")
+    accepted = [n for n, prm in inspect.signature(_REGISTRY[key]).parameters.items()
+                if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)
+                and n != "params" and n not in _COMMON + _CONTEXT]
+    for option in options:
+        if option in _COMMON + _CONTEXT:
+            raise TypeError(f"option {option!r} of optimizer {key!r} is set by the training config, not in "
+                            f"optimizer_options: use its top-level key (lr, weight_decay, beta1/beta2, eps, "
+                            f"optim_backend; batch_tokens follows batch_size)")
+        if option not in accepted:
+            raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
+                            f"{_did_you_mean(option, [*accepted, *_COMMON])}; "
+                            f"accepted options: {', '.join(accepted) or 'none'}")
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -18,8 +18,10 @@ from training.checkpoint import CHECKPOINT_NAME
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
 
 
-def claim(run_dir: Path, resume: bool | str, overwrite: bool, is_main: bool) -> bool:
-    """Check (and, on the main rank, prepare) the run folder; whether the run resumes."""
+def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, list[str]]:
+    """Check the run folder, changing nothing: (whether the run resumes, the files of an earlier
+    run that ``prepare`` removes before this one writes: on --overwrite, or on --resume=auto after
+    a run that never checkpointed)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"the run folder {run_dir} is a file: choose another out_dir or run_name")
@@ -28,27 +30,26 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool, is_main: bool) -> 
         if not has_checkpoint:
             raise FileNotFoundError(f"--resume: no checkpoint at {run_dir / CHECKPOINT_NAME}; start without "
                                     f"--resume, use --resume=auto, or point out_dir/run_name at the run folder")
-        return True
+        return True, []
     if resume == "auto" and has_checkpoint:
-        return True
+        return True, []
     held = [name for name in RUN_FILES if (run_dir / name).exists()]
     if held and resume != "auto" and not overwrite:
         raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
                               f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
                               f"run_name")
-    if is_main:
-        _make_writable(run_dir)
-        for name in held:  # --overwrite, or --resume=auto after a run that never checkpointed
-            path = run_dir / name
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    return False
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"cannot make the run folder {run_dir}: {existing} is a file; choose another out_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write the run folder {run_dir}: {existing} is not writable; choose a "
+                              f"writable out_dir")
+    return False, held
 
 
-def _make_writable(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OSError(f"cannot create the run folder {run_dir} ({error.strerror}): choose a writable out_dir") from error
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise PermissionError(f"the run folder {run_dir} is not writable: choose a writable out_dir, or fix its "
-                              f"permissions")
+def prepare(run_dir: Path, stale: list[str]) -> None:
+    """Make the run folder and remove ``stale`` (from ``claim``): the main rank, before writing."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in stale:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()

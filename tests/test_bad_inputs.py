@@ -1,0 +1,125 @@
+"""Every bad input is refused before anything is written, with a message that names the input
+and the fix: table-driven through train.py's main, on a folder that already holds a good run."""
+import json
+import re
+import shutil
+
+import pytest
+
+import train
+from data.shards import HEADER_BYTES
+
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
+        "--batch_size=2", "--micro_batch_size=2", "--max_steps=2", "--sample_tokens=0"]
+
+# (extra arguments, a pattern the message must match: the input and what to do). "{good}" is the
+# run that exists; "{data}" the prepared data folder (with its manifest).
+CASES = {
+    "lr zero": (["--lr=0"], r"lr=0.0 must be > 0"),
+    "lr negative": (["--lr=-0.001"], r"lr=-0.001 must be > 0"),
+    "min_lr above lr": (["--lr=0.001", "--min_lr=0.01"], r"min_lr=0.01 must lie in \[0, lr=0.001\]"),
+    "negative warmup": (["--warmup_steps=-1"], r"warmup_steps=-1 .* must be >= 0"),
+    "warmup longer than the run": (["--warmup_steps=50"], r"warmup \(50 steps\) is longer than the run \(2 steps\)"
+                                                          r": shorten warmup_steps"),
+    "no length": (["--max_steps=0"], r"set exactly one of max_steps \(0\) and max_tokens \(0\)"),
+    "both lengths": (["--max_tokens=1000"], r"set exactly one of max_steps \(2\) and max_tokens \(1000\)"),
+    "batch not divisible": (["--batch_size=3"], r"batch_size=3 is not divisible by micro_batch_size=2.*make "
+                                                r"batch_size a multiple of 2"),
+    "probe batch zero": (["--probe_batch_size=0"], r"probe_batch_size=0 must be >= 1"),
+    "val tokens zero": (["--val_tokens=0"], r"val_tokens=0 must be >= 1"),
+    "negative grad clip": (["--grad_clip=-1"], r"grad_clip=-1.0 must be >= 0 \(0 turns it off\)"),
+    "cuda without cuda": (["--device=cuda"], r"device='cuda', but this torch sees no CUDA device: use "
+                                             r"device='auto' or 'cpu'"),
+    "unknown device": (["--device=tpu"], r"device='tpu': use 'auto', 'cpu' or 'cuda'"),
+    "optimizer typo": (["--optimizer=merti"], r"unknown optimizer 'merti' \(did you mean 'merit'\?\)"),
+    "option that is a top-level key": (["--optimizer_options={'lr': 0.1}"],
+                                       r"option 'lr' .* not in optimizer_options: use its top-level key"),
+    "unknown option": (["--optimizer_options={'clip': False}"], r"unknown option 'clip' for optimizer 'merit'.*"
+                                                                r"accepted options: maxlamb"),
+    "zero-shot task typo": (["--zero_shot_tasks=hellaswg"], r"zero_shot_tasks='hellaswg'.*did you mean "
+                                                            r"'hellaswag'"),
+    "unknown tokenizer": (["--tokenizer=bpe"], r"tokenizer='bpe': use 'gpt2' or 'byte'"),
+    "unknown nonfinite policy": (["--nonfinite=ignore"], r"nonfinite='ignore': use 'stop' .* or 'skip'"),
+    "resume value": (["--resume=yes"], r"resume='yes': use --resume .*--resume=auto"),
+    "run_name with a path": (["--run_name=../escape"], r"run_name='../escape' must be one folder name.*put the path "
+                                                       r"in out_dir"),
+    "unknown backend": (["--optim_backend=gpu"], r"optim_backend='gpu': use one of 'auto', 'torch', 'cpp'"),
+    "wandb mode": (["--wandb_mode=on"], r"wandb_mode='on': use 'online', 'offline' or 'disabled'"),
+    "dtype": (["--dtype=fp8"], r"dtype='fp8': use 'auto', 'float32', 'bfloat16' or 'float16'"),
+    "schedule": (["--lr_schedule=linear"], r"lr_schedule='linear': use 'cosine' or 'wsd'"),
+    "unknown key": (["--learning_rate=0.1"], r"unknown config key 'learning_rate' in the command line"),
+    "wrong type": (["--batch_size=2.5"], r"config key 'batch_size' in the command line must be int, got float"),
+    "resume and overwrite": (["--resume", "--overwrite", "--run_name=good"], r"resume and overwrite exclude each "
+                                                                             r"other"),
+    "decay fraction": (["--decay_fraction=1.5"], r"decay_fraction=1.5 must lie in \[0, 1\]"),
+    "tokenizer of the data": (["--tokenizer=gpt2"], r"prepared with the 'byte' tokenizer \(manifest.json\), but the "
+                                                    r"config says tokenizer='gpt2': set tokenizer='byte'"),
+    "missing data": (["--data_dir={data}-missing"], r"data dir .*-missing does not exist; prepare it with "
+                                                    r"`python -m data.prepare"),
+    "rerun without resume": (["--run_name=good"], r"already holds a run .*continue it with --resume.*start it "
+                                                  r"over with --overwrite"),
+    "resume without a checkpoint": (["--resume"], r"--resume: no checkpoint at .*ckpt.pt; start without --resume, "
+                                                  r"use --resume=auto"),
+    "resume another model": (["--resume", "--run_name=good", "--n_embd=64"], r"n_embd: checkpoint 32, now 64.*"
+                                                                             r"resume with the checkpoint's settings"),
+    "resume another batch": (["--resume", "--run_name=good", "--batch_size=4"], r"batch_size: checkpoint 2, now 4"),
+    "resume another optimizer": (["--resume", "--run_name=good", "--optimizer=lion"],
+                                 r"optimizer: checkpoint 'merit', now 'lion'"),
+    "resume past max_steps": (["--resume", "--run_name=good", "--max_steps=1"], r"at step 2, past this config's 1 "
+                                                                                r"steps: raise max_steps"),
+    "out_dir is a file": (["--out_dir={out}/good/config.json"], r"config.json is a file; choose another out_dir"),
+}
+
+
+def snapshot(root):
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def workspace(byte_shards, tmp_path_factory):
+    """A data folder with a manifest (as data/prepare.py writes it) and a finished run "good"."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    data = root / "data"
+    shutil.copytree(byte_shards, data)
+    splits = {}
+    for split in ("train", "val"):
+        file = data / f"{split}_000000.bin"
+        tokens = (file.stat().st_size - HEADER_BYTES) // 2
+        splits[split] = {"tokens": tokens, "shards": [{"file": file.name, "tokens": tokens, "sha256": ""}]}
+    (data / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "splits": splits}))
+    out = root / "out"
+    train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=good"])
+    return data, out
+
+
+def test_the_table_covers_at_least_30_inputs():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name, monkeypatch, tmp_path):
+    data, out = workspace
+    monkeypatch.chdir(tmp_path)
+    extra, pattern = CASES[name]
+    extra = [arg.replace("{data}", str(data)).replace("{out}", str(out)) for arg in extra]
+    before = snapshot(out.parent)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new", *extra])
+    message = str(exit_info.value.code)
+    assert message.startswith("train.py: ")
+    assert re.search(pattern, message), message
+    assert snapshot(out.parent) == before  # the good run, the data and everything else as they were
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corrupt_manifest_shard_is_refused(workspace, tmp_path):
+    data, _ = workspace
+    broken = tmp_path / "data"
+    shutil.copytree(data, broken)
+    with open(broken / "val_000000.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(SystemExit, match=r"val_000000.bin has \d+ bytes, but manifest.json lists it with \d+ tokens.*"
+                                         r"prepare the data again with --force"):
+        train.main([*TINY, f"--data_dir={broken}", f"--out_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
