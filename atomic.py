@@ -7,6 +7,7 @@ and leaves whatever was at ``path`` as it was. A crash at any moment therefore l
 file or the new one, never a mix, and a concurrent reader (another rank, another run) never sees
 a half-written file. ``atomic_directory(path)`` does the same for a folder of files.
 """
+import errno
 import os
 import shutil
 import uuid
@@ -17,21 +18,66 @@ from typing import IO
 
 
 @contextmanager
-def atomic_write(path, mode: str = "wb") -> Iterator[IO]:
-    """A file object for writing (``mode`` "wb", or "w": UTF-8 text) whose contents replace ``path`` on success."""
+def atomic_write(path, mode: str = "wb", size_hint: int | None = None) -> Iterator[IO]:
+    """A file object for writing (``mode`` "wb", or "w": UTF-8 text) whose contents replace ``path``
+    on success. A full disk is an OSError(ENOSPC) that says so, whatever the writer made of it
+    (torch.save reports it as a RuntimeError), with ``size_hint`` (bytes) as the size needed."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes whole files: mode 'wb' or 'w', not {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     try:
-        with open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8") as raw:
+            f = _WatchedFile(raw)
+            try:
+                yield f
+                f.flush()
+                os.fsync(raw.fileno())
+            except Exception as error:
+                if f.disk_full or getattr(error, "errno", None) == errno.ENOSPC:
+                    raise _disk_full(path, f.written, size_hint) from error
+                raise
         publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _WatchedFile:
+    """The file as writers see it, noting how much was written and whether the disk filled."""
+
+    def __init__(self, raw: IO):
+        self._raw, self.written, self.disk_full = raw, 0, False
+
+    def write(self, data) -> int:
+        try:
+            n = self._raw.write(data)
+        except OSError as error:
+            self.disk_full = self.disk_full or error.errno == errno.ENOSPC
+            raise
+        self.written += len(data)
+        return n
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except OSError as error:
+            self.disk_full = self.disk_full or error.errno == errno.ENOSPC
+            raise
+
+    def __getattr__(self, name):  # fileno, tell, ... of the real file
+        return getattr(self._raw, name)
+
+
+def _disk_full(path: Path, written: int, size_hint: int | None) -> OSError:
+    free = shutil.disk_usage(path.parent).free
+    needed = f"about {size_hint:,} bytes are needed" if size_hint else f"{written:,} bytes were written when it filled"
+    return OSError(errno.ENOSPC, f"disk full writing {path}: {needed}, {free:,} bytes are free there; what was at "
+                                 f"{path.name} before is intact. Free space on that disk or write elsewhere")
 
 
 @contextmanager

@@ -1,10 +1,14 @@
 """atomic.py: a file or folder appears whole or not at all, and the temporary is never followed."""
+import errno
 import os
+import subprocess
 import uuid
 
 import pytest
+import torch
 
 from atomic import atomic_directory, atomic_write
+from training.checkpoint import Checkpoint
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -58,3 +62,30 @@ def test_only_whole_file_modes():
     with pytest.raises(ValueError, match="mode 'wb' or 'w'"):
         with atomic_write("x", "a"):
             pass
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (root can mount one here and in CI); skipped where mounting is not allowed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_says_disk_full(small_disk):
+    path = small_disk / "ckpt.pt"
+    small = Checkpoint(model={"w": torch.ones(1000)}, model_args={}, optimizer={}, scaler={}, step=1, tokens=0,
+                       rng=[], train_loader={}, config={})
+    small.save(path)
+    good = path.read_bytes()
+    big = Checkpoint(**{**vars(small), "model": {"w": torch.zeros(2_000_000)}, "step": 2})  # 8 MB
+    with pytest.raises(OSError, match=rf"disk full writing {path}: about 8,000,000 bytes are needed, [\d,]+ bytes "
+                                      r"are free there; what was at ckpt.pt before is intact") as error:
+        big.save(path)
+    assert error.value.errno == errno.ENOSPC
+    assert os.listdir(small_disk) == ["ckpt.pt"] and path.read_bytes() == good  # no temporary left
+    assert Checkpoint.load(path).step == 1

@@ -18,11 +18,11 @@ def write(tmp_path, name, text):
 def test_file_and_overrides_are_literals(tmp_path):
     path = write(tmp_path, "c.py", "import math\nmax_steps = 10\nlr = 1\n_private = 3\n"
                                    "def helper():\n    return 1\n")
-    config = load_config(path, ["--optimizer=adamw", "--beta2=0.99", "--resume",
-                                "--optimizer_options={'foo': [1, 2]}", "--wandb_entity=None"])
+    config = load_config(path, ["--optimizer=merit", "--beta2=0.99", "--resume",
+                                "--optimizer_options={'norm': 'l2', 'maxlamb': True}", "--wandb_entity=None"])
     assert config.lr == 1.0 and isinstance(config.lr, float)  # ints are accepted where floats are declared
-    assert config.optimizer == "adamw" and config.beta2 == 0.99 and config.resume is True
-    assert config.optimizer_options == {"foo": [1, 2]} and config.wandb_entity is None
+    assert config.optimizer == "merit" and config.beta2 == 0.99 and config.resume is True
+    assert config.optimizer_options == {"norm": "l2", "maxlamb": True} and config.wandb_entity is None
 
 
 def test_overrides_are_never_evaluated(tmp_path):
@@ -80,7 +80,7 @@ def test_derived_model_and_schedule_lengths():
 
 
 def test_resolved_config_round_trips_through_json(tmp_path):
-    config = load_config(None, ["--max_steps=7", "--optimizer_options={'a': 1}"])
+    config = load_config(None, ["--max_steps=7", "--optimizer_options={'norm': 'l2'}"])
     save_config(config, tmp_path / "config.json")
     assert TrainConfig(**json.loads((tmp_path / "config.json").read_text())) == config
 

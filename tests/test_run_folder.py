@@ -2,10 +2,16 @@
 --overwrite, a finished run resumed is a no-op, and a resumed run's log reads as one run."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import torch
 
-from conftest import run_train
+from conftest import ROOT, run_train
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
         "--dropout=0.1", "--eval_interval=4", "--val_tokens=512", "--probe_batch_size=2", "--lr=0.01",
@@ -85,3 +91,49 @@ def test_a_resumed_log_drops_a_torn_line_and_does_not_follow_a_planted_link(byte
     train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--resume")
     assert victim.read_text() == "precious" and not log.is_symlink()
     assert [r["step"] for r in comparable(log) if "train/loss" in r] == [6] and kept
+
+
+def test_killed_runs_resumed_with_auto_end_as_the_uninterrupted_run(byte_shards, tmp_path):
+    """kill -9 at three moments (the first while a checkpoint is being written), --resume=auto after
+    each: the final weights are bitwise the uninterrupted run's and the log has exactly its records."""
+    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12", "--log_interval=3",
+              "--checkpoint_interval=2", "--resume=auto"]
+    run_train(*common, "--run_name=straight")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "killed" / "metrics.jsonl"
+    for kill_after_records in (2, 4, 6):  # metrics lines written before the kill
+        # The first kill lands inside a checkpoint write: the save stalls there (a test hook).
+        stall = ["-c", STALLED_SAVE] if kill_after_records == 2 else []
+        proc = subprocess.Popen([sys.executable, *stall, str(ROOT / "train.py"), *common, "--run_name=killed"],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) > kill_after_records):
+            time.sleep(0.05)
+        if stall:
+            while time.time() < deadline and not list((tmp_path / "killed").glob(".ckpt.pt.*.tmp")):
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not stall or list((tmp_path / "killed").glob(".ckpt.pt.*.tmp"))  # killed mid-write
+    run_train(*common, "--run_name=killed")
+    a, b = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "killed"))
+    assert a.step == b.step == 12 and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+    assert comparable(log) == comparable(tmp_path / "straight" / "metrics.jsonl")
+
+
+# train.py with Checkpoint.save stalled halfway through writing its file (from the third save on).
+STALLED_SAVE = """
+import sys, time, runpy
+import training.checkpoint as checkpoint
+original, saves = checkpoint.torch.save, []
+def stalled(obj, f):
+    saves.append(1)
+    if len(saves) >= 3:
+        f.write(b"partial")
+        f.flush()
+        time.sleep(600)
+    original(obj, f)
+checkpoint.torch.save = stalled
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""

@@ -85,7 +85,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(by
 
 def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1",
+    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1", "--warmup_steps=1",
                                              "--batch_size=2", "--micro_batch_size=2")))
     eot = trainer.tokenizer.eot_token
     for loader in (trainer.train_loader, trainer.val_loader):
@@ -212,7 +212,7 @@ def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_s
     win_rates = [v for r in records for k, v in r.items() if k.startswith("win_rate/")]
     assert win_rates and all(0.0 <= v <= 1.0 for v in win_rates)
     assert 0 < max(win_rates)  # h > 0 after the first estimate
-    other = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1",
+    other = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1", "--warmup_steps=1",
                                            "--batch_size=8", "--micro_batch_size=2", "--run_name=bigger")))
     assert other.optimizer.batch_tokens == 8 * 32
     other.close()

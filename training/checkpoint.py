@@ -61,9 +61,10 @@ class Checkpoint:
 
     def save(self, path: Path) -> None:
         """Write to ``path`` so that a crash at any moment leaves the previous file intact."""
-        with atomic_write(path) as f:
-            # Fields by reference (dataclasses.asdict would deep-copy every tensor).
-            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # Fields by reference (dataclasses.asdict would deep-copy every tensor).
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        size = sum(t.nbytes for t in _tensors(fields))
+        with atomic_write(path, size_hint=size) as f:
             torch.save({"format_version": FORMAT_VERSION, **fields}, f)
 
     @classmethod
@@ -111,6 +112,18 @@ class Checkpoint:
         model = GPT(config)
         model.load_state_dict(self.model)
         return model.eval()
+
+
+def _tensors(value):
+    """The tensors in nested dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:
