@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,37 @@ checkpoint.torch.save = stalled
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass  # gone meanwhile
+    return kids
+
+
+def test_torchrun_restarts_a_killed_worker_from_the_last_checkpoint(byte_shards, tmp_path):
+    common = [*TINY, "--dropout=0.0", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=200",
+              "--log_interval=10", "--checkpoint_interval=20", "--eval_interval=1000", "--resume=auto"]
+    run_train(*common, "--run_name=straight", nproc=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              "--max-restarts=1", str(ROOT / "train.py"), *common, "--run_name=restarted"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, deadline = tmp_path / "restarted" / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (log.exists() and any(r.get("step", 0) >= 50 for r in comparable(log))):
+        time.sleep(0.02)
+    os.kill(max(_children(agent.pid)), signal.SIGKILL)  # one of the two workers
+    output, _ = agent.communicate(timeout=300)
+    assert agent.returncode == 0, output[-3000:]
+    starts = [r for r in map(json.loads, log.read_text().splitlines()) if "run_info" in r]
+    assert len(starts) == 2  # the restarted workers resumed the checkpoint (a fresh start would clear the log)
+    a, b = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "restarted"))
+    assert b.step == 200 and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+    assert comparable(log) == comparable(tmp_path / "straight" / "metrics.jsonl")

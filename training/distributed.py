@@ -38,9 +38,25 @@ def setup(device: str = "auto") -> Distributed:
     else:
         torch_device = torch.device(device)
     if world_size > 1:
-        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo",
-                                device_id=torch_device if device == "cuda" else None)
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", store=_restart_store(world_size),
+                                rank=rank, world_size=world_size, device_id=torch_device if device == "cuda" else None)
     return Distributed(rank, local_rank, world_size, torch_device)
+
+
+def _restart_store(world_size: int) -> dist.Store | None:
+    """Under torchrun, a store whose keys are this restart attempt's own.
+
+    Workers restarted by ``torchrun --max-restarts`` reach the agent's store again, where the
+    keys of the failed attempt's process group are still set (torch 2.13 adds no per-attempt
+    prefix there), and the gloo ranks of the new attempt then read a dead peer's address and
+    fail to connect. None (torch's env:// default) outside torchrun."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and
+                          int(os.environ["RANK"]) == 0)
+    return dist.PrefixStore(f"/nanomerit/attempt_{attempt}", store)
 
 
 def teardown(ctx: Distributed):
