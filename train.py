@@ -29,7 +29,7 @@ from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
 from training import distributed, run_folder
-from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, save_in
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.schedule import learning_rate
 
@@ -339,13 +339,13 @@ class Trainer:
         rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
         loss_sums = distributed.all_gather_objects(self.loss_window.cpu(), self.ctx)
         if self.ctx.is_main:
-            Checkpoint(model=self.model.state_dict(), model_args=vars(self.model_config).copy(),
-                       optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
-                       tokens=self.step * self.tokens_per_step, rng=rng_per_rank,
-                       train_loader=self.train_loader.state_dict(), config=self.config.to_dict(),
-                       optim_backends=self.optimizer.backends(),
-                       train_window={"steps": self.window_steps, "loss_sums": loss_sums},
-                       ).save(self.run_dir / CHECKPOINT_NAME)
+            checkpoint = Checkpoint(
+                model=self.model.state_dict(), model_args=vars(self.model_config).copy(),
+                optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
+                tokens=self.step * self.tokens_per_step, rng=rng_per_rank, train_loader=self.train_loader.state_dict(),
+                config=self.config.to_dict(), optim_backends=self.optimizer.backends(),
+                train_window={"steps": self.window_steps, "loss_sums": loss_sums})
+            save_in(self.run_dir, checkpoint, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
         distributed.barrier(self.ctx)
         self.last_checkpoint_step = self.step
 
@@ -366,8 +366,7 @@ class Trainer:
                   if metric not in ("version", "n", "seconds") and value is not None})
 
     def restore(self):
-        path = self.run_dir / CHECKPOINT_NAME
-        state = Checkpoint.load(path)
+        state, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
         state.check_compatible(vars(self.model_config), self.config.to_dict(), path)
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)

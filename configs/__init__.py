@@ -87,6 +87,8 @@ class TrainConfig:
     val_tokens: int = 65536  # validation budget per evaluation, in tokens over all ranks
     probe_batch_size: int = 4  # validation sequences on which max attention logits are measured
     checkpoint_interval: int = 0  # steps between checkpoints; 0: only at the end
+    keep_checkpoints: int = 2  # the newest checkpoints kept (ckpt_<step>.pt; ckpt.pt points at the newest)
+    permanent_checkpoint_interval: int = 0  # also keep every checkpoint of a step divisible by this; 0: none
     stop_at_step: int = 0  # end this invocation after this step (checkpointing); 0: run to the end
     sample_tokens: int = 0  # print a sample of this many tokens at the end
     wandb_mode: str = "disabled"  # "online", "offline" or "disabled"
@@ -134,9 +136,10 @@ class TrainConfig:
         _check(self.warmup_steps >= 0 and self.warmup_tokens >= 0,
                f"warmup_steps={self.warmup_steps} and warmup_tokens={self.warmup_tokens} must be >= 0")
         _check(0.0 <= self.decay_fraction <= 1.0, f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
-        for key in ("probe_batch_size", "val_tokens", "max_skipped_steps"):
+        for key in ("probe_batch_size", "val_tokens", "max_skipped_steps", "keep_checkpoints"):
             _check(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
-        for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip", "weight_decay"):
+        for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip", "weight_decay",
+                    "permanent_checkpoint_interval"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
         _check(self.tokenizer in ("gpt2", "byte"), f"tokenizer={self.tokenizer!r}: use 'gpt2' or 'byte'")
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r}: use 'auto', 'cpu' or 'cuda'")

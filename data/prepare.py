@@ -421,6 +421,22 @@ def main(argv=None) -> None:
     if args.source and args.corpus != "openwebtext":
         parser.error("--source is for openwebtext; use --dataset for other hub datasets")
 
+    try:
+        run(args)
+    except _unreadable() as error:
+        source = args.files or args.dataset or args.source or args.corpus
+        sys.exit(f"prepare: {source} cannot be read ({type(error).__name__}: {error}). Fix or remove that record "
+                 f"(a .jsonl line must be one JSON object) and run again: the preparation resumes")
+
+
+def _unreadable() -> tuple[type[Exception], ...]:
+    """What datasets and pyarrow raise for a malformed record of a corpus."""
+    import datasets
+    import pyarrow
+    return pyarrow.ArrowInvalid, datasets.exceptions.DatasetGenerationError
+
+
+def run(args) -> None:
     common = dict(tokenizer=args.tokenizer, out_dir=args.out, shard_tokens=args.shard_tokens, force=args.force)
     if args.corpus == "shakespeare":
         prepare_shakespeare(**common, **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}))

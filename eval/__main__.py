@@ -52,10 +52,16 @@ def main(argv=None) -> None:
         parser.error("--batch-size and --limit must be positive")
 
     tasks = resolve(args.tasks)
-    model, tokenizer_name, source_info = load(args)
+    try:
+        model, tokenizer_name, source_info = load(args)
+    except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder
+        sys.exit(f"eval: {error}")
     scorer = Scorer(model.to(args.device), get_tokenizer(tokenizer_name), batch_size=args.batch_size,
                     device=args.device)
-    output = evaluate(scorer, tasks, data_dir=args.data_dir, limit=args.limit, log_samples=args.log_samples)
+    try:
+        output = evaluate(scorer, tasks, data_dir=args.data_dir, limit=args.limit, log_samples=args.log_samples)
+    except (ConnectionError, FileNotFoundError) as error:  # task data neither on the hub nor local
+        sys.exit(f"eval: {error}")
     print(format_table(output["results"]))
     out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),

@@ -156,7 +156,12 @@ class Task:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if data_dir is None:
-            dataset = datasets.load_dataset(self.dataset_path, self.dataset_name, split=self.split)
+            try:
+                dataset = datasets.load_dataset(self.dataset_path, self.dataset_name, split=self.split)
+            except ConnectionError as error:  # offline, or the hub unreachable
+                raise ConnectionError(f"task {self.name}: {error}. Without the hub, give local files: --data-dir "
+                                      f"DIR (zero_shot_data_dir in a training config) holding {self.name}.jsonl or "
+                                      f".parquet in the hub's schema (eval/samples.py writes small ones)") from error
         else:
             path = self.local_file(data_dir)
             builder = "json" if path.suffix == ".jsonl" else "parquet"

@@ -2,11 +2,13 @@
 `python -m eval`, batch-size invariance, agreement with lm-evaluation-harness's `hf` backend on
 the exported model, and the harness running our checkpoint through eval/harness.py."""
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ROOT, run_train
 from data.shards import write_shard
@@ -15,7 +17,8 @@ from eval import evaluate
 from eval.scorer import Scorer
 from eval.tasks import TASKS, resolve
 from eval.samples import write_fixtures, write_harness_tasks
-from training.checkpoint import CHECKPOINT_NAME, load_model
+from model import GPT, GPTConfig
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_model
 
 STEPS = 60
 
@@ -164,3 +167,19 @@ def test_the_harness_runs_our_checkpoint_through_the_adapter(trained, ours, tmp_
     harness = harness_run(NanoMeritLM.from_checkpoint(run_dir / CHECKPOINT_NAME, batch_size=16), tmp_path, tasks_dir)
     # The same scorer, other batches: float32 rounding only (as between batch sizes).
     assert_same_as_harness(ours, harness, atol=1e-5, rtol=1e-6)
+
+
+def test_the_cli_without_the_hub_or_a_checkpoint_says_what_to_pass(tmp_path):
+    torch.manual_seed(0)
+    Checkpoint.of_model(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=320)),
+                        "byte").save(tmp_path / "ckpt.pt")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # as on an air-gapped node
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "eval", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+    offline = run("--ckpt", str(tmp_path / "ckpt.pt"), "--tasks", "piqa")
+    assert offline.returncode != 0 and "Traceback" not in offline.stderr, offline.stderr[-2000:]
+    assert "eval: task piqa: Couldn't reach" in offline.stderr and "--data-dir DIR" in offline.stderr
+    missing = run("--ckpt", str(tmp_path / "nope.pt"), "--tasks", "piqa")
+    assert missing.returncode != 0 and "eval: no checkpoint at" in missing.stderr and "Traceback" not in missing.stderr

@@ -246,3 +246,13 @@ def test_cli_runs_as_a_script(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out_dir / "manifest.json").read_text())
     assert manifest["splits"]["train"]["tokens"] == 1 + len("one document")
+
+
+def test_a_malformed_jsonl_line_is_a_message_not_a_traceback(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text('{"text": "a first document"}\n{"text": "cut off\n')
+    result = subprocess.run([sys.executable, "-m", "data.prepare", "--files", str(tmp_path / "*.jsonl"), "--tokenizer",
+                             "byte", "--out", str(tmp_path / "out"), "--workers", "1"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"prepare: {tmp_path / '*.jsonl'} cannot be read (ArrowInvalid" in result.stderr
+    assert "Fix or remove that record (a .jsonl line must be one JSON object)" in result.stderr

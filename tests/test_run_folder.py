@@ -37,7 +37,7 @@ def test_a_run_folder_is_not_replaced_without_resume_or_overwrite(byte_shards, t
     train(byte_shards, tmp_path, "--max_steps=2", "--log_interval=1")
     before = folder_bytes(tmp_path / "default")
     refused = train(byte_shards, tmp_path, "--max_steps=2", check=False)
-    assert refused.returncode != 0 and "already holds a run (ckpt.pt, metrics.jsonl, config.json)" in refused.stderr
+    assert refused.returncode != 0 and "already holds a run (ckpt.pt, metrics.jsonl, config.json, ckpt_00000002.pt)" in refused.stderr
     assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
     assert folder_bytes(tmp_path / "default") == before  # nothing touched
     train(byte_shards, tmp_path, "--max_steps=3", "--log_interval=1", "--overwrite")
@@ -95,27 +95,29 @@ def test_a_resumed_log_drops_a_torn_line_and_does_not_follow_a_planted_link(byte
 
 
 def test_killed_runs_resumed_with_auto_end_as_the_uninterrupted_run(byte_shards, tmp_path):
-    """kill -9 at three moments (the first while a checkpoint is being written), --resume=auto after
-    each: the final weights are bitwise the uninterrupted run's and the log has exactly its records."""
+    """kill -9 at five moments (the first while a checkpoint is being written, the fourth right
+    after a resume), --resume=auto after each: the final weights are bitwise the uninterrupted
+    run's and the log has exactly its records."""
     common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12", "--log_interval=3",
               "--checkpoint_interval=2", "--resume=auto"]
     run_train(*common, "--run_name=straight")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = tmp_path / "killed" / "metrics.jsonl"
-    for kill_after_records in (2, 4, 6):  # metrics lines written before the kill
+    for kill_after_records in (2, 4, 6, 6, 8):  # metrics lines written before the kill
         # The first kill lands inside a checkpoint write: the save stalls there (a test hook).
         stall = ["-c", STALLED_SAVE] if kill_after_records == 2 else []
         proc = subprocess.Popen([sys.executable, *stall, str(ROOT / "train.py"), *common, "--run_name=killed"],
                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
-        while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) > kill_after_records):
+        while (time.time() < deadline and proc.poll() is None
+               and not (log.exists() and len(log.read_text().splitlines()) > kill_after_records)):
             time.sleep(0.05)
         if stall:
-            while time.time() < deadline and not list((tmp_path / "killed").glob(".ckpt.pt.*.tmp")):
+            while time.time() < deadline and not list((tmp_path / "killed").glob(".ckpt_*.pt.*.tmp")):
                 time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert not stall or list((tmp_path / "killed").glob(".ckpt.pt.*.tmp"))  # killed mid-write
+        assert not stall or list((tmp_path / "killed").glob(".ckpt_*.pt.*.tmp"))  # killed mid-write
     run_train(*common, "--run_name=killed")
     a, b = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "killed"))
     assert a.step == b.step == 12 and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
@@ -172,3 +174,20 @@ def test_torchrun_restarts_a_killed_worker_from_the_last_checkpoint(byte_shards,
     a, b = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "restarted"))
     assert b.step == 200 and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
     assert comparable(log) == comparable(tmp_path / "straight" / "metrics.jsonl")
+
+
+def test_checkpoint_retention_and_auto_skipping_a_corrupt_newest(byte_shards, tmp_path):
+    lifecycle = ["--log_interval=2", "--checkpoint_interval=2", "--keep_checkpoints=2",
+                 "--permanent_checkpoint_interval=4"]
+    train(byte_shards, tmp_path, *lifecycle, "--max_steps=10")
+    run_dir = tmp_path / "default"
+    assert sorted(p.name for p in run_dir.glob("ckpt*")) == ["ckpt.pt", "ckpt_00000004.pt", "ckpt_00000008.pt",
+                                                             "ckpt_00000010.pt"]
+    assert os.readlink(run_dir / CHECKPOINT_NAME) == "ckpt_00000010.pt"
+    newest = run_dir / "ckpt_00000010.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated (a disk fault: our writes are atomic)
+    strict = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--resume", check=False)
+    assert strict.returncode != 0 and "ckpt_00000010.pt cannot be read" in strict.stderr
+    auto = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--resume=auto")
+    assert "skipping the checkpoint" in auto.stderr and "ckpt_00000008.pt at step 8" in auto.stdout
+    assert Checkpoint.load(run_dir / CHECKPOINT_NAME).step == 12

@@ -160,7 +160,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt or not a nanoMERIT checkpoint"):
         Checkpoint.load(path)
-    with pytest.raises(FileNotFoundError, match="start without --resume"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*missing.pt: give the path of a checkpoint"):
         Checkpoint.load(tmp_path / "missing.pt")
 
 

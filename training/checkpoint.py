@@ -1,16 +1,25 @@
-"""The checkpoint format: one file per run folder, written atomically, read with weights_only=True.
+"""The checkpoint format and its lifecycle in a run folder; written atomically, read with weights_only=True.
 
 ``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
 validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
 export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
 below plus ``format_version``; version 1 files (before ``optim_backends`` and ``train_window``)
 are read as well.
+
+In a run folder (``save_in``, ``load_latest``) each checkpoint is ``ckpt_<step>.pt``; ``ckpt.pt``,
+a link to the newest, is the latest pointer, switched atomically once the new file is complete;
+then all but the newest ``keep`` and every ``permanent_interval``-th are removed. Readers that
+take ``RUN/ckpt.pt`` get the newest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import subprocess
+import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +28,8 @@ import torch
 from atomic import atomic_write
 from model import GPT, GPTConfig
 
-CHECKPOINT_NAME = "ckpt.pt"
+CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
+_NUMBERED = re.compile(r"ckpt_(\d{8,})\.pt")
 FORMAT_VERSION = 2
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}}
@@ -73,8 +83,8 @@ class Checkpoint:
         version or lacks a field."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}: start without --resume, or point out_dir/run_name "
-                                    f"at the run folder that holds {CHECKPOINT_NAME}")
+            raise FileNotFoundError(f"no checkpoint at {path}: give the path of a checkpoint train.py wrote "
+                                    f"(RUN/{CHECKPOINT_NAME} is the newest of a run)")
         try:
             state = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as e:  # a truncated or foreign file
@@ -124,6 +134,44 @@ def _tensors(value):
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def numbered(run_dir: Path) -> list[Path]:
+    """The run folder's checkpoint files, oldest first."""
+    found = [p for p in Path(run_dir).iterdir() if _NUMBERED.fullmatch(p.name)] if Path(run_dir).is_dir() else []
+    return sorted(found, key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
+
+
+def save_in(run_dir: Path, checkpoint: Checkpoint, keep: int, permanent_interval: int = 0) -> Path:
+    """Write ``checkpoint`` as run_dir/ckpt_<step>.pt, point ckpt.pt at it, prune the old ones."""
+    path = run_dir / f"ckpt_{checkpoint.step:08d}.pt"
+    checkpoint.save(path)
+    link = run_dir / f".{CHECKPOINT_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    os.symlink(path.name, link)
+    os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete file
+    files = numbered(run_dir)
+    for old in files[:-keep]:
+        step = int(_NUMBERED.fullmatch(old.name).group(1))
+        if not (permanent_interval and step % permanent_interval == 0):
+            old.unlink()
+    return path
+
+
+def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Checkpoint, Path]:
+    """The newest checkpoint of a run folder and its file. With ``fall_back`` a newest one that
+    cannot be read (truncated, corrupt) is skipped with a warning for the one before it."""
+    latest = run_dir / CHECKPOINT_NAME
+    candidates = [latest.resolve()] if latest.exists() else []
+    candidates += [p for p in reversed(numbered(run_dir)) if p not in candidates]
+    if not candidates:
+        raise FileNotFoundError(f"no checkpoint in {run_dir}")
+    for i, path in enumerate(candidates):
+        try:
+            return Checkpoint.load(path, map_location=map_location), path
+        except ValueError as error:
+            if not fall_back or i == len(candidates) - 1:
+                raise
+            warnings.warn(f"skipping the checkpoint {path}: {error}; trying {candidates[i + 1].name}")
 
 
 def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:

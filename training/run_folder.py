@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from training.checkpoint import CHECKPOINT_NAME
+from training.checkpoint import CHECKPOINT_NAME, numbered
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
@@ -25,7 +25,7 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"the run folder {run_dir} is a file: choose another out_dir or run_name")
-    has_checkpoint = (run_dir / CHECKPOINT_NAME).is_file()
+    has_checkpoint = run_dir.is_dir() and bool(numbered(run_dir) or (run_dir / CHECKPOINT_NAME).is_file())
     if resume is True:
         if not has_checkpoint:
             raise FileNotFoundError(f"--resume: no checkpoint at {run_dir / CHECKPOINT_NAME}; start without "
@@ -33,7 +33,8 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         return True, []
     if resume == "auto" and has_checkpoint:
         return True, []
-    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    held = [name for name in RUN_FILES if (run_dir / name).exists() or (run_dir / name).is_symlink()]
+    held += [path.name for path in numbered(run_dir)] if run_dir.is_dir() else []
     if held and resume != "auto" and not overwrite:
         raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
                               f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
