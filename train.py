@@ -31,6 +31,7 @@ from optim.protocol import LossFn
 from training import distributed, run_folder
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, save_in
 from training.metrics import MetricsLogger, peak_bf16_flops
+from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.schedule import learning_rate
 
 
@@ -45,10 +46,6 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
     if config.peak_flops is not None or device.type != "cuda":
         return config.peak_flops
     return peak_bf16_flops(torch.cuda.get_device_name(device))
-
-
-class NonFiniteError(RuntimeError):
-    """Training met a NaN or inf it may not go on with (config.nonfinite)."""
 
 
 class Trainer:
@@ -99,13 +96,11 @@ class Trainer:
 
         self.step = 0
         self.latest = {}  # the last value of every logged metric, for the final summary
-        # The train-loss sum of the steps since the last log step (per rank), and their number;
-        # checkpointed, so a resumed run logs the losses of the uninterrupted one.
-        self.loss_window, self.window_steps = torch.zeros((), device=self.device), 0
-        # The non-finite policy's bookkeeping: the first step with a NaN/inf gradient ("stop":
-        # kept on the device and read where the loop syncs anyway), skipped steps ("skip").
-        self.first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=self.device)
-        self.skipped_steps, self.skipped_in_a_row = 0, 0
+        # The train-loss sum of the kept steps since the last log step (per rank), and their
+        # number, on the device; checkpointed, so a resumed run logs the uninterrupted one's losses.
+        self.loss_window = torch.zeros((), device=self.device)
+        self.window_steps = torch.zeros((), dtype=torch.long, device=self.device)
+        self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.device)
         self.last_checkpoint_step = None
         if self.resuming:
             self.restore()
@@ -138,26 +133,26 @@ class Trainer:
             self.metrics.log_run_info({"optim_backend": config.optim_backend, **self.optimizer.backends()})
         progress = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, unit="step",
                         dynamic_ncols=True)
-        interval_start = time.perf_counter()
+        interval_start, interval_steps = time.perf_counter(), 0
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
         if self.step == 0:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
-            loss = self.train_step(diagnose=log_step and ctx.is_main)
-            if loss is not None:
-                self.loss_window += loss
-                self.window_steps += 1
+            loss, finite = self.train_step(diagnose=log_step and ctx.is_main)
+            self.loss_window += torch.where(finite, loss, 0.0)  # a dropped step's loss is not averaged in
+            self.window_steps += finite
             self.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
+            interval_steps += 1
             self.optimizer.after_step(self.step, self)
             progress.update()
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
-                self.log_train(self.loss_window / self.window_steps, self.window_steps, elapsed, progress)
+                self.log_train(self.loss_window / self.window_steps, interval_steps, elapsed, progress)
                 self.loss_window.zero_()
-                self.window_steps = 0
-                interval_start = time.perf_counter()
+                self.window_steps.zero_()
+                interval_start, interval_steps = time.perf_counter(), 0
             if self.step % config.eval_interval == 0 or final:
                 self.log({"val/loss": self.validation_loss()})
             # Ranks agree on a SIGTERM at log steps only: the agreement is a host sync.
@@ -177,9 +172,10 @@ class Trainer:
                 self.summarize()
             self.metrics.close()
 
-    def train_step(self, diagnose: bool = False) -> torch.Tensor | None:
-        """One optimizer step over the global batch; returns the mean loss (no host sync), or None
-        if nonfinite="skip" dropped the update (one host sync a step: the price of skipping).
+    def train_step(self, diagnose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the global batch. Returns the mean loss and whether the gradient
+        was finite (0-d tensors: no host sync; nonfinite="skip" drops a non-finite update on the
+        device, "stop" raises at the next check).
         diagnose: ask the optimizer for its diagnostics on this step (log steps only)."""
         lr = learning_rate(self.step, total=self.total_steps, warmup=self.warmup_steps, lr=self.config.lr,
                            min_lr=self.config.min_lr, schedule=self.config.lr_schedule,
@@ -191,40 +187,26 @@ class Trainer:
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
-        if self.config.nonfinite == "skip":
-            if not finite.item():
-                self.skip_step()
-                return None
-            self.skipped_in_a_row = 0
-        else:
-            self.first_nonfinite_step = torch.where((self.first_nonfinite_step < 0) & ~finite,
-                                                    self.step + 1, self.first_nonfinite_step)
+        self.nonfinite.record(self.step + 1, finite)
         if diagnose:
             self.optimizer.request_diagnostics()
-        self.scaler.step(self.optimizer)
+        skips = self.config.nonfinite == "skip"
+        if skips and not self.scaler.is_enabled():
+            self.optimizer.step_unless(~finite)  # on the device: no host sync
+        else:
+            self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss
-
-    def skip_step(self):
-        """Drop this step's update: parameters and optimizer state stay as they are."""
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.skipped_steps += 1
-        self.skipped_in_a_row += 1
-        tqdm.write(f"step {self.step + 1}: non-finite gradient (norm {self.grad_norm.item()}), update skipped "
-                   f"({self.skipped_in_a_row} in a row, {self.skipped_steps} in all)")
-        if self.skipped_in_a_row >= self.config.max_skipped_steps:
-            raise NonFiniteError(f"{self.skipped_in_a_row} steps in a row had a non-finite gradient (the last at step "
-                                 f"{self.step + 1}); stopping. {self._last_good()}")
+        return total_loss, finite
 
     def check_finite(self):
-        """nonfinite="stop": raise at the first non-finite gradient seen, before anything is saved;
-        and never save parameters that are not finite (whatever made them so)."""
-        bad_step = self.first_nonfinite_step.item()
-        if bad_step >= 0:
-            raise NonFiniteError(f"non-finite gradient at step {bad_step}: stopping without saving. "
-                                 f"{self._last_good()}. To drop such steps instead, set nonfinite='skip'")
+        """Apply the non-finite policy where the loop syncs anyway (log steps, checkpoints): "stop"
+        raises at the first non-finite gradient, before anything is saved; "skip" reports the
+        skipped steps and stops after max_skipped_steps in a row. Never save parameters that are
+        not finite (whatever made them so)."""
+        skipped = self.nonfinite.check(self._last_good())
+        if skipped and self.ctx.is_main:
+            tqdm.write(skipped)
         norms = torch._foreach_norm([p.detach() for p in self.model.parameters()])
         if not torch.stack(norms).isfinite().all():
             raise NonFiniteError(f"the parameters are not finite at step {self.step}: stopping without saving. "
@@ -271,7 +253,7 @@ class Trainer:
         record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                   "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
         if self.config.nonfinite == "skip":
-            record["skipped_steps"] = self.skipped_steps
+            record["skipped_steps"] = self.nonfinite.skipped
         record.update(self.optimizer.pop_diagnostics())
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
@@ -344,7 +326,7 @@ class Trainer:
                 optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
                 tokens=self.step * self.tokens_per_step, rng=rng_per_rank, train_loader=self.train_loader.state_dict(),
                 config=self.config.to_dict(), optim_backends=self.optimizer.backends(),
-                train_window={"steps": self.window_steps, "loss_sums": loss_sums})
+                train_window={"steps": int(self.window_steps), "loss_sums": loss_sums})
             save_in(self.run_dir, checkpoint, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
         distributed.barrier(self.ctx)
         self.last_checkpoint_step = self.step
@@ -377,7 +359,8 @@ class Trainer:
             sums = state.train_window["loss_sums"]
             # On another number of ranks each rank starts from the mean: the logged mean is the same.
             mine = sums[self.ctx.rank] if len(sums) == self.ctx.world_size else torch.stack(sums).mean()
-            self.loss_window, self.window_steps = mine.to(self.device), state.train_window["steps"]
+            self.loss_window = mine.to(self.device)
+            self.window_steps.fill_(state.train_window["steps"])
         # Each rank continues its own RNG stream. On another number of ranks the batches are split
         # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
         # has no state for keeps the fresh state seeded by seed + rank in __init__.

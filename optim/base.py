@@ -8,12 +8,18 @@ A subclass holds its math, options and diagnostics only:
   param group's own values);
 * ``init_state(p)`` returns a new parameter's state (a float32 0-d "step" entry is counted up
   before each update);
-* ``update(p, state, group, index)`` steps one parameter whose ``.grad`` is set, through the
-  fused operations of ``self.implementation(group, *tensors)`` (optim/backends/);
+* ``update(p, state, group, index, skip)`` steps one parameter whose ``.grad`` is set, through
+  the fused operations of ``self.implementation(group, *tensors)`` (optim/backends/), passing
+  them ``skip``;
 * ``reduces_rows_cols(p, group)``: whether p's operations reduce per row and column (MERIT);
 * ``RECORDS_UPDATE_RMS``: record the ``update_rms`` diagnostic around requested steps;
 * ``USES_FUSED_OPERATIONS = False`` for an update written in plain torch (then ``backends()``
-  reports "torch" and no kernels are prepared).
+  reports "torch", no kernels are prepared, and ``skip`` is always None).
+
+A step can be dropped on the device, without a host sync, the way torch's fused AdamW does it:
+``_step_supports_amp_scaling`` tells torch's GradScaler (and ``step_unless``) to set a 0-d
+``found_inf`` attribute before ``step``; every fused operation then gets it as ``skip`` and leaves
+p and its state untouched where it is nonzero, and the "step" counters count only kept steps.
 
 Hyper-parameters are checked here: lr >= 0, betas in [0, 1), eps >= 0 and weight_decay >= 0
 (NaN rejected), each error naming the bad value.
@@ -43,6 +49,12 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
         if self.USES_FUSED_OPERATIONS:
             backends.prepare(backend, [p for group in self.param_groups for p in group["params"]])
         self.backend = backend
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # Whether step() reads torch's found_inf flag: the fused operations take it; an update in
+        # the subclass's own torch code (``skip`` always None) is dropped on the host instead.
+        return self.USES_FUSED_OPERATIONS
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), **{name: getattr(self, name) for name in self._ATTRIBUTES}}
@@ -86,14 +98,23 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
                 loss = closure()
         if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+        if getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError(f"{type(self).__name__} takes unscaled gradients: call scaler.unscale_(optimizer) "
+                               f"before scaler.step(optimizer)")
+        found_inf = getattr(self, "found_inf", None)
+        flags = {}  # found_inf on each parameter device, as float32
         with update_rms_recorded(self) if self.diagnostics_requested and self.RECORDS_UPDATE_RMS else nullcontext():
             for group in self.param_groups:
                 for index, p in enumerate(group["params"]):
-                    if p.grad is not None:
-                        state = self.state_of(p)
-                        if "step" in state:
-                            state["step"] += 1
-                        self.update(p, state, group, index)
+                    if p.grad is None:
+                        continue
+                    skip = None
+                    if found_inf is not None:
+                        skip = flags.setdefault(p.device, found_inf.to(p.device, torch.float32, non_blocking=True))
+                    state = self.state_of(p)
+                    if "step" in state:
+                        state["step"] = _counted(state["step"], skip)
+                    self.update(p, state, group, index, skip)
         return loss
 
     def state_of(self, p: Tensor) -> dict:
@@ -106,7 +127,7 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
     def init_state(self, p: Tensor) -> dict:
         raise NotImplementedError
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
         raise NotImplementedError
 
     def reduces_rows_cols(self, p: Tensor, group: dict) -> bool:
@@ -133,6 +154,14 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
 def zeros_like(p: Tensor) -> Tensor:
     """A state tensor laid out like p."""
     return torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _counted(counter: Tensor, skip: Tensor | None) -> Tensor:
+    """The "step" counter after one more step: in place, or on the flag's device when a flag
+    decides on the device whether the step counts (a CUDA flag moves the counter to CUDA)."""
+    if skip is None:
+        return counter.add_(1)
+    return counter.to(skip.device) + (skip == 0)
 
 
 def step_counter() -> Tensor:

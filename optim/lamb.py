@@ -39,19 +39,20 @@ class LAMB(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"step": step_counter(), "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
         (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
         scales = {}
         if group["bias_correction"]:
-            step = state["step"].item()  # a CPU tensor: no device sync
+            # A CPU tensor: no device sync (on CUDA under a found_inf flag it is a CUDA one: one sync).
+            step = state["step"].item()
             scales = {"m_scale": 1 / (1 - beta1 ** step), "v_scale": 1 / math.sqrt(1 - beta2 ** step)}
         use_ratio = group["weight_decay"] != 0 or not group["ratio_only_with_decay"]
         ops = self.implementation(group, p, p.grad, m, v)
         ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
                                         wd=group["weight_decay"], reduce="tensor" if use_ratio else "none", l2=True,
-                                        max_p_norm=_MAX_WEIGHT_NORM, **scales)
+                                        max_p_norm=_MAX_WEIGHT_NORM, skip=skip, **scales)
         trust = ratios[0] if use_ratio else None  # None: ratio 1
-        ops.apply_update(p, p.grad, trust, None, lr=group["lr"], clip=False, count=False)
+        ops.apply_update(p, p.grad, trust, None, lr=group["lr"], clip=False, count=False, skip=skip)
         if self.diagnostics_requested:
             one = torch.ones((), device=p.device)
             self.record_diagnostics(group, index, trust_ratio=one if trust is None else trust.nan_to_num(nan=1.0))

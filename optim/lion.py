@@ -30,7 +30,7 @@ class Lion(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"exp_avg": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
         (beta1, beta2), m = group["betas"], state["exp_avg"]
         self.implementation(group, p, p.grad, m).lion_step(p, p.grad, m, lr=group["lr"], wd=group["weight_decay"],
-                                                            beta1=beta1, beta2=beta2)
+                                                            beta1=beta1, beta2=beta2, skip=skip)

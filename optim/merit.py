@@ -66,13 +66,13 @@ class MERIT(Optimizer):
     def reduces_rows_cols(self, p: Tensor, group: dict) -> bool:
         return p.ndim >= 2 and not group["maxlamb"]
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
         elementwise = self.reduces_rows_cols(p, group)
         (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
         ops = self.implementation(group, p, p.grad, m, v)
         ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
                                         wd=group["weight_decay"], reduce="rows_cols" if elementwise else "tensor",
-                                        l2=group["norm"] == "l2")
+                                        l2=group["norm"] == "l2", skip=skip)
         if elementwise:
             rows, cols, whole = ratios
             if group["weightwise_lower_bound"]:
@@ -83,7 +83,7 @@ class MERIT(Optimizer):
             (rows,), cols = ratios, None
         diagnose = self.diagnostics_requested
         clipped = ops.apply_update(p, p.grad, rows, cols, lr=group["lr"], count=diagnose,
-                                   clip=group["elementwise_clip"] and not group["maxlamb"])
+                                   clip=group["elementwise_clip"] and not group["maxlamb"], skip=skip)
         if diagnose:
             self.record_diagnostics(group, index, **_trust_ratio_stats(rows, cols, p.numel()),
                                     clip_fraction=clipped / p.numel())

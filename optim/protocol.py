@@ -67,6 +67,19 @@ class TrainingHooks:
         values = torch.stack([v.to(next(iter(records.values())).device) for v in records.values()]).tolist()
         return dict(zip(records, values))
 
+    def step_unless(self, found_inf: Tensor) -> None:
+        """``step()``, dropped if the 0-d tensor ``found_inf`` is nonzero: decided on the device by an
+        optimizer that reads torch's ``found_inf`` flag (``_step_supports_amp_scaling``: this
+        package's, torch's fused AdamW), else read on the host (one sync)."""
+        if getattr(self, "_step_supports_amp_scaling", False):
+            self.found_inf = found_inf.float()  # as torch's GradScaler hands it over
+            try:
+                self.step()
+            finally:
+                del self.found_inf
+        elif not found_inf.item():
+            self.step()
+
     def after_step(self, step: int, loop: TrainingLoop) -> None:
         """Extra passes after optimizer step ``step`` (1-based); none by default."""
 

@@ -58,11 +58,12 @@ class SophiaG(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"step": step_counter(), "exp_avg": zeros_like(p), "hessian": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int) -> None:
+    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
         (beta1, _), m, h = group["betas"], state["exp_avg"], state["hessian"]
         scale = group["rho"] * self.batch_tokens
         self.implementation(group, p, p.grad, m, h).sophia_step(
-            p, p.grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"])
+            p, p.grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"],
+            skip=skip)
         if self.diagnostics_requested:
             self.record_diagnostics(group, index, win_rate=(m.abs() < h * scale).float().mean())
 

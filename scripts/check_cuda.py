@@ -6,8 +6,10 @@
 
 1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion and Sophia-G take 20 steps (4 with --quick) on
    their Triton kernels (optim_backend "triton") and, from the same start, on the torch reference
-   ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and bf16. On CUDA the Triton steps run
-   under torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
+   ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and bf16. Every other step goes
+   through ``step_unless`` with a zero found_inf flag on the device (nonfinite="skip"'s path; LAMB's
+   bias_correction aside, which reads its step counter). On CUDA the Triton steps run under
+   torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
 2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
    Small shapes, fp32 and bf16.
 3. model: training steps (forward, backward, MERIT step) under bf16 autocast, with SDPA's flash
@@ -51,7 +53,7 @@ def report(name: str, ok: bool, detail: str) -> None:
         failures.append(name)
 
 
-def run_optimizer(make, backend, shapes, device, dtype, steps) -> list[torch.Tensor]:
+def run_optimizer(make, backend, shapes, device, dtype, steps, flagged: bool) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter((0.5 * torch.randn(s, generator=gen, dtype=torch.float64)).to(device, dtype))
               for s in shapes]
@@ -64,7 +66,10 @@ def run_optimizer(make, backend, shapes, device, dtype, steps) -> list[torch.Ten
         if k == steps - 1:
             opt.request_diagnostics()  # the diagnostics' counts sync, once, here
         with syncs_forbidden() if check_syncs and k < steps - 1 else nullcontext():
-            opt.step()
+            if flagged and k % 2:
+                opt.step_unless(torch.zeros((), device=device))
+            else:
+                opt.step()
         if isinstance(opt, SophiaG) and opt.hessian_due(k + 1):
             for p, g in zip(params, gs):
                 p.grad = 0.1 * g.to(device, dtype)
@@ -84,13 +89,14 @@ def check_optimizers(device: torch.device, quick: bool) -> None:
     shapes = [(40, 300), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
     steps = 4 if quick else 20
     for name, make in OPTIMIZERS.items():
-        reference = run_optimizer(make, "torch", shapes, torch.device("cpu"), torch.float64, steps)
+        flagged = name != "lamb bias correction"
+        reference = run_optimizer(make, "torch", shapes, torch.device("cpu"), torch.float64, steps, flagged=False)
         for dtype in (torch.float32, torch.bfloat16):
             label = f"optimizer {name} {str(dtype).removeprefix('torch.')}"
             results = {}
             for backend in ("triton", "torch"):
                 try:
-                    results[backend] = run_optimizer(make, backend, shapes, device, dtype, steps)
+                    results[backend] = run_optimizer(make, backend, shapes, device, dtype, steps, flagged)
                 except RuntimeError as error:  # a host sync, a kernel that failed
                     report(f"{label} ({backend})", False, f"{type(error).__name__}: {error}")
                     break

@@ -8,12 +8,14 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import random
+from contextlib import contextmanager
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from data.shards import write_shard
 from optim.backends import cpp
@@ -69,3 +71,19 @@ def run_train(*args: str, nproc: int = 1, cwd: Path = ROOT, timeout: int = 300,
                             text=True, timeout=timeout)
     assert result.returncode == 0 or not check, f"train.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
+
+
+@contextmanager
+def no_host_reads():
+    """Fail on a Python-level read of a tensor's value (item, bool, tolist, float, int): how the
+    tests see, without a GPU, that code makes no host sync (a CUDA read is one)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host read of a tensor's value")
+    saved = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "tolist", "__float__", "__int__")}
+    try:
+        for name in saved:
+            setattr(torch.Tensor, name, refuse)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)

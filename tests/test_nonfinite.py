@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, run_train
+from conftest import ROOT, no_host_reads, run_train
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
@@ -56,17 +56,17 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(byte_shards, tmp_p
 
     def recording(diagnose=False):
         before = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
-        loss = train_step(diagnose)
-        snapshots[trainer.step + 1] = before, loss
-        return loss
+        loss, finite = train_step(diagnose)
+        snapshots[trainer.step + 1] = before, finite.item()
+        return loss, finite
     trainer.train_step = recording
     try:
         trainer.train()
     finally:
         trainer.close()
-    (model_before, optim_before), loss = snapshots[3]
+    (model_before, optim_before), finite = snapshots[3]
     (model_after, optim_after), _ = snapshots[4]  # the state step 4 started from
-    assert loss is None and trainer.skipped_steps == 1 and trainer.step == 5
+    assert not finite and trainer.nonfinite.skipped == 1 and trainer.step == 5
     assert all(torch.equal(model_before[k], model_after[k]) for k in model_before)
     for x, y in zip(optim_before["state"].values(), optim_after["state"].values()):
         assert all(torch.equal(x[k], y[k]) for k in x)
@@ -82,4 +82,31 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(byte_shards, tmp_path, monk
     with pytest.raises(NonFiniteError, match="3 steps in a row had a non-finite gradient \\(the last at step 6\\)"):
         trainer.train()
     trainer.close()
-    assert trainer.skipped_steps == 4
+    assert trainer.nonfinite.skipped == 4
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+@pytest.mark.parametrize("optim_backend", ["torch", "triton"])  # what runs on CUDA tensors
+def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monkeypatch, policy, optim_backend):
+    """No host sync on ordinary steps, under either policy: the verdict, the skip and the
+    bookkeeping stay on the device (read at log steps only)."""
+    monkeypatch.chdir(ROOT)
+    trainer = _trainer(byte_shards, tmp_path, f"--nonfinite={policy}", f"--optim_backend={optim_backend}",
+                       "--optimizer=merit", "--max_steps=4")
+    _poison(trainer, {2})
+    try:
+        before = copy.deepcopy(trainer.model.state_dict())
+        for _ in range(3):
+            with no_host_reads():
+                trainer.train_step()
+            trainer.step += 1
+        moved = not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+        assert moved and trainer.nonfinite.first.item() == 2
+        if policy == "skip":
+            assert trainer.nonfinite.skipped == 1
+            assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check("")
+        else:
+            with pytest.raises(NonFiniteError, match="non-finite gradient at step 2"):
+                trainer.check_finite()
+    finally:
+        trainer.close()

@@ -87,12 +87,17 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
         for make in makers:
             params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
             opt = make(params)
-            for diagnose in (False, True):  # MERIT counts clipped elements on diagnostic steps
+            # MERIT counts clipped elements on diagnostic steps; a found_inf flag masks the stores
+            # (the kernels differ in that only, so float32's flagged variants are compiled).
+            for diagnose, flagged in ((False, False), (True, False), (False, dtype == torch.float32)):
                 if diagnose:
                     opt.request_diagnostics()
                 for p in params:
                     p.grad = torch.randn(p.shape, dtype=dtype)
-                opt.step()
+                if flagged:
+                    opt.step_unless(torch.tensor(False))
+                else:
+                    opt.step()
     configs = list(launches.values())
     assert {c["kernel"] for c in configs} == {"moments_and_norms", "trust_ratios", "apply_update", "lion_step",
                                               "sophia_step"}

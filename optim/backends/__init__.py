@@ -18,6 +18,11 @@ fused operations that sweep each tensor once or twice (docs/optimizers.md, "Impl
 * ``lion_step``: ``p *= 1 - lr*wd; p -= lr * sign(lerp(m, g, 1-beta1)); m = lerp(m, g, 1-beta2)``.
 * ``sophia_step``: ``p *= 1 - lr*wd; m = lerp(m, g, 1-beta1); p -= lr * clamp(m / (scale*h + eps), -1, 1)``.
 
+Each takes an optional ``skip``: a 0-d tensor on the tensors' device (torch's ``found_inf``);
+where it is nonzero the operation leaves p and its state as they were (the gradient, consumed,
+may hold anything afterwards). It is read on the device (the C++ kernels' CPU flag on the host,
+where that costs nothing), so dropping a non-finite step needs no host sync.
+
 Three modules implement all four with the signatures of ``Backend`` below:
 
 =========  ==============================  =========================================================
@@ -56,16 +61,17 @@ class Backend(Protocol):
 
     def moments_and_ratios(self, p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
                            eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
-                           v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]: ...
+                           v_scale: float = 1.0, max_p_norm: float = math.inf,
+                           skip: Tensor | None = None) -> tuple[Tensor, ...]: ...
 
     def apply_update(self, p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
-                     clip: bool, count: bool) -> Tensor | None: ...
+                     clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None: ...
 
     def lion_step(self, p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float,
-                  beta2: float) -> None: ...
+                  beta2: float, skip: Tensor | None = None) -> None: ...
 
     def sophia_step(self, p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
-                    scale: float, eps: float) -> None: ...
+                    scale: float, eps: float, skip: Tensor | None = None) -> None: ...
 
 
 def check_setting(setting: str) -> None:

@@ -7,7 +7,8 @@ One extension holds them all: the two passes of the trust-ratio optimizers
 from there afterwards; torch's build lock there makes concurrent ranks wait for one build. It is
 called by ``optim.backends.prepare`` when an optimizer is created, never as a side effect of a
 step. The kernels compute what optim/backends/reference.py computes (up to rounding: float32
-sums in another order), in float32 (float64 for float64 tensors).
+sums in another order), in float32 (float64 for float64 tensors). A ``skip`` flag is read on the
+host (it is a CPU tensor like theirs: no device to wait for) and skips the kernel.
 """
 import functools
 import math
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from . import reference
 
 NAME = "cpp"
 TAKES = "contiguous CPU tensors of one dtype: float32, bfloat16 or float64"
@@ -92,14 +95,19 @@ def _put_pip_ninja_on_path() -> None:
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
                        eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
-                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
+                       v_scale: float = 1.0, max_p_norm: float = math.inf,
+                       skip: Tensor | None = None) -> tuple[Tensor, ...]:
+    if _skipped(skip):
+        return reference.skipped_ratios(p, reduce)
     ratios = torch.ops.nanomerit.moments_and_ratios(p, g, m, v, beta1, beta2, eps, wd, m_scale, v_scale,
                                                     max_p_norm, reduce == "rows_cols", l2)
     return tuple(ratios) if reduce != "none" else ()
 
 
 def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
-                 clip: bool, count: bool) -> Tensor | None:
+                 clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None:
+    if _skipped(skip):
+        return torch.zeros((), dtype=torch.long) if count else None
     rows, cols = kernel_factors(p, rows, cols)
     return torch.ops.nanomerit.apply_update(p, u, rows, cols, lr, clip, count)
 
@@ -113,10 +121,17 @@ def kernel_factors(p: Tensor, rows: Tensor | None, cols: Tensor | None) -> tuple
     return rows.to(compute), None if cols is None else cols.to(compute)
 
 
-def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
-    torch.ops.nanomerit.lion_step(p, g, m, lr, wd, beta1, beta2)
+def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float,
+              skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.lion_step(p, g, m, lr, wd, beta1, beta2)
 
 
 def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
-                scale: float, eps: float) -> None:
-    torch.ops.nanomerit.sophia_step(p, g, m, h, lr, wd, beta1, scale, eps)
+                scale: float, eps: float, skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.sophia_step(p, g, m, h, lr, wd, beta1, scale, eps)
+
+
+def _skipped(skip: Tensor | None) -> bool:
+    return skip is not None and bool(skip)

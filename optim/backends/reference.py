@@ -2,7 +2,9 @@
 
 It is what the C++ and Triton kernels are tested against, and it runs whatever they do not take
 (other dtypes or devices, non-contiguous tensors, tensors with more than 2 dims reduced per row
-and column, ``optim_backend="torch"``). It makes no host syncs on CUDA.
+and column, ``optim_backend="torch"``). It makes no host syncs on CUDA, also when a ``skip`` flag
+drops the update: then the new values are computed aside and selected on the device (one more
+temporary per written tensor; the kernels mask their stores instead).
 
 The element-wise temporaries live in ``_scratch``: on CPU a fresh full-size temporary costs more
 than the arithmetic (page faults: 75 ms to allocate and fill the 155 MB GPT-2 embedding against
@@ -29,15 +31,19 @@ def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
                        eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
-                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
-    m.lerp_(g, 1 - beta1)                          # m = b1*m + (1-b1)*g, in one sweep
-    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
+                       v_scale: float = 1.0, max_p_norm: float = math.inf,
+                       skip: Tensor | None = None) -> tuple[Tensor, ...]:
+    m_new, v_new = _staged(m, skip), _staged(v, skip)
+    m_new.lerp_(g, 1 - beta1)                          # m = b1*m + (1-b1)*g, in one sweep
+    v_new.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
+    _commit(m, m_new, skip)
+    _commit(v, v_new, skip)
     # u = m * m_scale / (sqrt(v) * v_scale + eps), computed as m / (sqrt(v) * a + b): one
     # operation fewer per element (the kernels' form too); a = 1, b = eps without bias correction.
-    u = torch.sqrt(v, out=g)                       # eps outside the sqrt
+    u = torch.sqrt(v_new, out=g)                   # eps outside the sqrt
     if v_scale != m_scale:
         u.mul_(v_scale / m_scale)
-    torch.div(m, u.add_(eps / m_scale), out=u)
+    torch.div(m_new, u.add_(eps / m_scale), out=u)
     if wd != 0:
         u.add_(p, alpha=wd)                        # wd folded into u before any ratio
     if reduce == "none":
@@ -52,7 +58,7 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
 
 
 def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
-                 clip: bool, count: bool) -> Tensor | None:
+                 clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None:
     if rows is None:
         rows = torch.ones((), dtype=p.dtype, device=p.device)
     s = rows if cols is None else torch.maximum(rows, cols)  # the one p-sized temporary
@@ -60,27 +66,57 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
     clipped = (u.abs() > 1).sum() if count else None
     if clip:
         u.clamp_(-1.0, 1.0)                        # clip AFTER scaling, sign kept
-    p.add_(u, alpha=-lr)
+    if skip is None:
+        p.add_(u, alpha=-lr)
+    else:
+        _commit(p, torch.add(p, u, alpha=-lr), skip)
     return clipped
 
 
-def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
+def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float,
+              skip: Tensor | None = None) -> None:
+    p_new = _staged(p, skip)
     if wd != 0:
-        p.mul_(1 - lr * wd)
+        p_new.mul_(1 - lr * wd)
     c = torch.lerp(m, g, 1 - beta1, out=_scratch(p))  # c = b1*m + (1-b1)*g
-    p.add_(c.sign_(), alpha=-lr)
-    m.lerp_(g, 1 - beta2)                             # m = b2*m + (1-b2)*g
+    p_new.add_(c.sign_(), alpha=-lr)
+    _commit(p, p_new, skip)
+    m_new = _staged(m, skip)
+    m_new.lerp_(g, 1 - beta2)                         # m = b2*m + (1-b2)*g
+    _commit(m, m_new, skip)
 
 
 def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
-                scale: float, eps: float) -> None:
+                scale: float, eps: float, skip: Tensor | None = None) -> None:
+    p_new, m_new = _staged(p, skip), _staged(m, skip)
     if wd != 0:
-        p.mul_(1 - lr * wd)
-    m.lerp_(g, 1 - beta1)                             # m = b1*m + (1-b1)*g
+        p_new.mul_(1 - lr * wd)
+    m_new.lerp_(g, 1 - beta1)                         # m = b1*m + (1-b1)*g
     # sign(m) * min(|m| / d, 1) == clamp(m / d, -1, 1) bitwise for d > 0 (eps > 0): IEEE division
     # is sign-symmetric, so one temporary does the work of three.
     d = torch.mul(h, scale, out=_scratch(p)).add_(eps)
-    p.add_(torch.div(m, d, out=d).clamp_(-1.0, 1.0), alpha=-lr)
+    p_new.add_(torch.div(m_new, d, out=d).clamp_(-1.0, 1.0), alpha=-lr)
+    _commit(p, p_new, skip)
+    _commit(m, m_new, skip)
+
+
+def skipped_ratios(p: Tensor, reduce: str) -> tuple[Tensor, ...]:
+    """What ``moments_and_ratios`` returns for a skipped update that computed nothing: guarded
+    (NaN) ratios of the right shapes."""
+    nan = functools.partial(torch.full, fill_value=math.nan, dtype=p.dtype, device=p.device)
+    return {"none": (), "tensor": (nan(()),),
+            "rows_cols": (nan((p.shape[0], 1, *p.shape[2:])), nan((1, *p.shape[1:])), nan(()))}[reduce]
+
+
+def _staged(t: Tensor, skip: Tensor | None) -> Tensor:
+    """Where to compute t's new value: t itself, or (when a ``skip`` flag may drop it) a copy."""
+    return t if skip is None else t.clone()
+
+
+def _commit(t: Tensor, new: Tensor, skip: Tensor | None) -> None:
+    """t = new unless the ``skip`` flag (a 0-d tensor on t's device) is set, decided on the device."""
+    if skip is not None:
+        torch.where(skip == 0, new, t, out=t)
 
 
 def _ratio(p_norm: Tensor, u_norm: Tensor, max_p_norm: float) -> Tensor:

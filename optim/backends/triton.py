@@ -124,7 +124,8 @@ def _max_programs(device: torch.device) -> int:
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,
                        eps: float, wd: float, reduce: str, l2: bool, m_scale: float = 1.0,
-                       v_scale: float = 1.0, max_p_norm: float = math.inf) -> tuple[Tensor, ...]:
+                       v_scale: float = 1.0, max_p_norm: float = math.inf,
+                       skip: Tensor | None = None) -> tuple[Tensor, ...]:
     k = _kernels()
     rows_cols = reduce == "rows_cols"
     n_rows, n_cols = _matrix(p, rows_cols)
@@ -135,9 +136,10 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
     width = n_rows + (n_cols if rows_cols else 0) + 1
     norms = torch.empty(2, width, dtype=compute, device=p.device)
     partials = torch.empty(programs, 2, n_cols, dtype=compute, device=p.device) if rows_cols else norms
-    _launch(k.moments_and_norms, (programs,), p, g, m, v, norms, width, partials, n_rows, n_cols, p.numel(),
-            1 - beta1, beta2, 1 - beta2, v_scale / m_scale, eps / m_scale, wd,
-            L2=l2, COLS=rows_cols, COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+    _launch(k.moments_and_norms, (programs,), p, g, m, v, norms, width, partials, _flag(skip, p), n_rows, n_cols,
+            p.numel(), 1 - beta1, beta2, 1 - beta2, v_scale / m_scale, eps / m_scale, wd,
+            L2=l2, COLS=rows_cols, SKIPS=skip is not None, COMPUTE=_compute(p.dtype), BLOCK_R=block_r,
+            BLOCK_C=block_c)
     if reduce == "none":
         return ()
     combine = torch.sum if l2 else torch.amax
@@ -154,7 +156,7 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
 
 
 def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
-                 clip: bool, count: bool) -> Tensor | None:
+                 clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None:
     k = _kernels()
     rows, cols = kernel_factors(p, rows, cols)
     n_rows, n_cols = _matrix(p, cols is not None)
@@ -162,17 +164,25 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
     grid = (-(-n_rows // block_r), -(-n_cols // block_c))
     counts = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=p.device) if count else rows
     _launch(k.apply_update, grid, p, u, rows.contiguous(), rows if cols is None else cols.contiguous(), counts,
-            n_rows, n_cols, p.numel(), -lr, COLS=cols is not None, CLIP=clip, COUNT=count,
-            COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+            _flag(skip, p), n_rows, n_cols, p.numel(), -lr, COLS=cols is not None, CLIP=clip, COUNT=count,
+            SKIPS=skip is not None, COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
     return counts.sum() if count else None
 
 
-def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
-    _launch(_kernels().lion_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, p.numel(), 1 - lr * wd, -lr,
-            1 - beta1, 1 - beta2, DECAYS=wd != 0, COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float,
+              skip: Tensor | None = None) -> None:
+    _launch(_kernels().lion_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, _flag(skip, p), p.numel(),
+            1 - lr * wd, -lr, 1 - beta1, 1 - beta2, DECAYS=wd != 0, SKIPS=skip is not None,
+            COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
 
 
 def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
-                scale: float, eps: float) -> None:
-    _launch(_kernels().sophia_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, h, p.numel(), 1 - lr * wd, -lr,
-            1 - beta1, scale, eps, DECAYS=wd != 0, COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+                scale: float, eps: float, skip: Tensor | None = None) -> None:
+    _launch(_kernels().sophia_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, h, _flag(skip, p), p.numel(),
+            1 - lr * wd, -lr, 1 - beta1, scale, eps, DECAYS=wd != 0, SKIPS=skip is not None,
+            COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+
+
+def _flag(skip: Tensor | None, p: Tensor) -> Tensor:
+    """The kernels' ``skip_ptr``: the flag as float32 on p's device (p itself, unread, without one)."""
+    return p if skip is None else skip.to(device=p.device, dtype=torch.float32)

@@ -13,7 +13,9 @@ the same bits.
 Tensors are contiguous and seen as (n_rows, n_cols) row-major matrices; a tensor whose norm is
 taken as a whole is its flat elements cut into rows, the last one masked by ``numel``. Offsets
 are int64. Scalars arrive as float64 and are rounded to the compute type once, as the C++
-kernels' ``op_t(...)`` do.
+kernels' ``op_t(...)`` do. With SKIPS, a float32 flag at ``skip_ptr`` (nonzero: drop this
+update) masks the stores of the parameter and its state, read on the device like the flag of
+torch's fused AdamW, so that skipping a step costs no host sync.
 """
 import triton
 import triton.language as tl
@@ -67,6 +69,15 @@ def _lerp(a, b, w):
 
 
 @triton.jit
+def _kept(mask, skip_ptr, SKIPS: tl.constexpr):
+    """The store mask of the parameter and its state: ``mask``, cleared when the flag is set."""
+    if SKIPS:
+        return tl.where(tl.load(skip_ptr) == 0, mask, False)
+    else:
+        return mask
+
+
+@triton.jit
 def _combine(a, b, L2: tl.constexpr):
     if L2:
         return a + b
@@ -83,11 +94,11 @@ def _reduce(x, axis: tl.constexpr, L2: tl.constexpr):
 
 
 @triton.jit
-def moments_and_norms(p_ptr, g_ptr, m_ptr, v_ptr, norms_ptr, norms_stride, partials_ptr,
+def moments_and_norms(p_ptr, g_ptr, m_ptr, v_ptr, norms_ptr, norms_stride, partials_ptr, skip_ptr,
                       n_rows, n_cols, numel, w1: tl.float64, beta2: tl.float64, w2: tl.float64,
                       a: tl.float64, b: tl.float64, wd: tl.float64, L2: tl.constexpr,
-                      COLS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
+                      COLS: tl.constexpr, SKIPS: tl.constexpr, COMPUTE: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Pass 1: m = lerp(m, g, w1), v = v*beta2 + w2*g*g, u = m / (sqrt(v)*a + b) + wd*p into g,
     and the norm terms of p (before the update) and u: |x|, or x^2 if L2.
 
@@ -114,8 +125,8 @@ def moments_and_norms(p_ptr, g_ptr, m_ptr, v_ptr, norms_ptr, norms_stride, parti
             m = _round(_lerp(_load(m_ptr, offs, mask, COMPUTE), g, w1), dtype)
             v = _round(_round(_load(v_ptr, offs, mask, COMPUTE) * beta2, dtype) + w2 * g * g, dtype)
             u = _round(_div(m, _sqrt(v) * a + b) + wd * p, dtype)
-            tl.store(m_ptr + offs, m.to(dtype), mask=mask)
-            tl.store(v_ptr + offs, v.to(dtype), mask=mask)
+            tl.store(m_ptr + offs, m.to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
+            tl.store(v_ptr + offs, v.to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
             tl.store(g_ptr + offs, u.to(dtype), mask=mask)
             if L2:
                 p_terms, u_terms = p * p, u * u
@@ -159,9 +170,9 @@ def trust_ratios(norms_ptr, norms_stride, out_ptr, n, max_p_norm: tl.float64, ma
 
 
 @triton.jit
-def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, n_rows, n_cols, numel,
+def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, skip_ptr, n_rows, n_cols, numel,
                  neg_lr: tl.float64, COLS: tl.constexpr, CLIP: tl.constexpr, COUNT: tl.constexpr,
-                 COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                 SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Pass 2: p += neg_lr * [clamp](s * u, -1, 1) on a (BLOCK_R, BLOCK_C) tile, with
     s = max(rows[i], cols[j]) if COLS else the one factor rows[0] (both in the compute dtype;
     NaN, the zero guard, means s = 1). With COUNT, the tile's number of |s * u| > 1 goes to
@@ -185,16 +196,18 @@ def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, n_rows, n_cols, n
     if CLIP:
         x = tl.minimum(tl.maximum(x, -1.0), 1.0)
     p = _load(p_ptr, offs, mask, COMPUTE) + _scalar(neg_lr, COMPUTE) * x
-    tl.store(p_ptr + offs, _round(p, dtype).to(dtype), mask=mask)
+    tl.store(p_ptr + offs, _round(p, dtype).to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
 
 
 @triton.jit
-def lion_step(p_ptr, g_ptr, m_ptr, numel, decay: tl.float64, neg_lr: tl.float64, w1: tl.float64,
-              w2: tl.float64, DECAYS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+def lion_step(p_ptr, g_ptr, m_ptr, skip_ptr, numel, decay: tl.float64, neg_lr: tl.float64, w1: tl.float64,
+              w2: tl.float64, DECAYS: tl.constexpr, SKIPS: tl.constexpr, COMPUTE: tl.constexpr,
+              BLOCK: tl.constexpr):
     """Lion: p = p*decay; p += neg_lr * sign(lerp(m, g, w1)); m = lerp(m, g, w2)."""
     dtype = p_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
+    kept = _kept(mask, skip_ptr, SKIPS)
     g = _load(g_ptr, offs, mask, COMPUTE)
     m = _load(m_ptr, offs, mask, COMPUTE)
     p = _load(p_ptr, offs, mask, COMPUTE)
@@ -202,14 +215,14 @@ def lion_step(p_ptr, g_ptr, m_ptr, numel, decay: tl.float64, neg_lr: tl.float64,
         p = _round(p * _scalar(decay, COMPUTE), dtype)
     c = _round(_lerp(m, g, _scalar(w1, COMPUTE)), dtype)
     sign = (c > 0).to(COMPUTE) - (c < 0).to(COMPUTE)
-    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * sign, dtype).to(dtype), mask=mask)
-    tl.store(m_ptr + offs, _round(_lerp(m, g, _scalar(w2, COMPUTE)), dtype).to(dtype), mask=mask)
+    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * sign, dtype).to(dtype), mask=kept)
+    tl.store(m_ptr + offs, _round(_lerp(m, g, _scalar(w2, COMPUTE)), dtype).to(dtype), mask=kept)
 
 
 @triton.jit
-def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, numel, decay: tl.float64, neg_lr: tl.float64,
+def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, skip_ptr, numel, decay: tl.float64, neg_lr: tl.float64,
                 w1: tl.float64, scale: tl.float64, eps: tl.float64, DECAYS: tl.constexpr,
-                COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+                SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
     """Sophia-G: p = p*decay; m = lerp(m, g, w1); p += neg_lr * clamp(m / (h*scale + eps), -1, 1)."""
     dtype = p_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -221,5 +234,6 @@ def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, numel, decay: tl.float64, neg_lr: tl
     m = _round(_lerp(_load(m_ptr, offs, mask, COMPUTE), g, _scalar(w1, COMPUTE)), dtype)
     d = _round(_round(_load(h_ptr, offs, mask, COMPUTE) * _scalar(scale, COMPUTE), dtype) + _scalar(eps, COMPUTE), dtype)
     x = tl.minimum(tl.maximum(_round(_div(m, d), dtype), -1.0), 1.0)
-    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * x, dtype).to(dtype), mask=mask)
-    tl.store(m_ptr + offs, m.to(dtype), mask=mask)
+    kept = _kept(mask, skip_ptr, SKIPS)
+    tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * x, dtype).to(dtype), mask=kept)
+    tl.store(m_ptr + offs, m.to(dtype), mask=kept)
