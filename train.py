@@ -53,7 +53,10 @@ class Trainer:
     ``gradients``), which the optimizer's ``after_step`` may use for extra passes."""
 
     def __init__(self, config: TrainConfig):
-        self.config = config
+        # Unset optimizer hyper-parameters take the optimizer's published values; the run records
+        # the resolved config (config.json, checkpoints, wandb).
+        self.optimizer_settings = config.optimizer_settings()
+        self.config = config = config.resolved()
         self.seed = config.seed
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
@@ -72,10 +75,8 @@ class Trainer:
         self.model_config = config.model_config(self.tokenizer.n_vocab)
         self.model = GPT(self.model_config).to(self.device)
         self.optimizer = optim.build(
-            config.optimizer, self.model, lr=config.lr, weight_decay=config.weight_decay,
-            betas=(config.beta1, config.beta2), eps=config.eps, decay_embeddings=config.decay_embeddings,
-            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
-            **config.optimizer_options)
+            config.optimizer, self.model, **config.optimizer_hyperparameters(), decay_embeddings=config.decay_embeddings,
+            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
 
         block = self.model_config.block_size
@@ -83,7 +84,7 @@ class Trainer:
         loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
                               vocab_size=self.tokenizer.n_vocab)
         self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
-                                        world_size=self.ctx.world_size, seed=config.seed, **loader_options)
+                                        world_size=self.ctx.world_size, seed=config.data_seed, **loader_options)
         self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block, rank=self.ctx.rank,
                                       world_size=self.ctx.world_size, **loader_options)
         self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
@@ -311,6 +312,8 @@ class Trainer:
               f"global batch {c.batch_size} x {m.block_size} tokens = micro {c.micro_batch_size} x "
               f"{self.ctx.world_size} ranks x {self.grad_accum} accumulation; {self.total_steps} steps "
               f"on {self.device}")
+        print(f"optimizer {c.optimizer} hyper-parameters: " + ", ".join(
+            f"{key} {value} ({source})" for key, (value, source) in self.optimizer_settings.items()))
         print(f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{self.optimizer.describe()}")
 
     # --- checkpoints ---

@@ -34,7 +34,8 @@ class TrainConfig:
     # --- run ---
     run_name: str = "default"  # the run folder is out_dir/run_name
     out_dir: str = "runs"
-    seed: int = 1337
+    seed: int = 1337  # initial weights, dropout, Sophia-G's sampled labels
+    data_seed: int = 1337  # the order of the training shards: vary seed and data_seed independently
     resume: bool | str = False  # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
     overwrite: bool = False  # start over in a run folder that holds a run (its checkpoint, metrics and config)
 
@@ -68,12 +69,13 @@ class TrainConfig:
     lr: float = 2e-4
     min_lr: float = 2e-5
 
-    # --- optimizer ---
+    # --- optimizer: a hyper-parameter left None (here and in optimizer_options) gets the optimizer's
+    # published GPT-2 value (optim/published.py), else its own default; resolved() fills them in ---
     optimizer: str = "merit"
-    weight_decay: float = 1e-2
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float | None = None  # None: the optimizer's own default
+    weight_decay: float | None = None
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     nonfinite: str = "stop"  # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
     max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
@@ -138,9 +140,11 @@ class TrainConfig:
         _check(0.0 <= self.decay_fraction <= 1.0, f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         for key in ("probe_batch_size", "val_tokens", "max_skipped_steps", "keep_checkpoints"):
             _check(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
-        for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip", "weight_decay",
+        for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip",
                     "permanent_checkpoint_interval"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
+        _check(self.weight_decay is None or self.weight_decay >= 0,
+               f"weight_decay={self.weight_decay} must be >= 0 (or unset: the optimizer's published value)")
         _check(self.tokenizer in ("gpt2", "byte"), f"tokenizer={self.tokenizer!r}: use 'gpt2' or 'byte'")
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
         _check(self.device != "cuda" or torch.cuda.is_available(),
@@ -162,6 +166,29 @@ class TrainConfig:
                "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
 
     # --- derived quantities (one place for each) ---
+    def optimizer_settings(self) -> dict[str, tuple[object, str]]:
+        """Every hyper-parameter the optimizer gets, ``{key: (value, source)}``, the source "set"
+        (by this config), "published" (its GPT-2 setting) or "default" (its constructor's)."""
+        chosen = {"lr": self.lr, "weight_decay": self.weight_decay, "eps": self.eps, **self.optimizer_options}
+        if (self.beta1, self.beta2) != (None, None):
+            unset = optim.resolve(self.optimizer, {"lr": self.lr})["betas"][0]
+            chosen["betas"] = (unset[0] if self.beta1 is None else self.beta1,
+                               unset[1] if self.beta2 is None else self.beta2)
+        return optim.resolve(self.optimizer, chosen)
+
+    def optimizer_hyperparameters(self) -> dict[str, object]:
+        """The values of ``optimizer_settings``: the keyword arguments of ``optim.build``."""
+        return {key: value for key, (value, _) in self.optimizer_settings().items()}
+
+    def resolved(self) -> TrainConfig:
+        """This config with the optimizer's every hyper-parameter filled in: what a run records
+        (config.json, checkpoints, wandb) and trains with."""
+        values = self.optimizer_hyperparameters()
+        betas = values.pop("betas", (None, None))
+        return dataclasses.replace(self, lr=values.pop("lr"), weight_decay=values.pop("weight_decay", None),
+                                   eps=values.pop("eps", None), beta1=betas[0], beta2=betas[1],
+                                   optimizer_options=values)
+
     def model_config(self, n_vocab: int) -> GPTConfig:
         overrides = {f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)
                      if getattr(self, f.name, None) is not None}

@@ -20,8 +20,6 @@ lr_schedule = "cosine"
 optimizer = "merit"
 lr = 2e-2  # MERIT's step is relative to each weight's scale: small models want a larger lr
 min_lr = 2e-3
-weight_decay = 1e-2
-beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 
 log_interval = 100

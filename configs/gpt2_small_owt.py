@@ -2,7 +2,8 @@
 # builds on: 100k steps of 480 x 1024 tokens, 2000 warmup steps, cosine to min_lr, clip 1.0.
 # Prepare the data first: python -m data.prepare openwebtext
 # Launch: torchrun --nproc_per_node=8 train.py configs/gpt2_small_owt.py   (accumulation 480 / (12 x 8) = 5)
-# Other optimizers: --optimizer=merit --lr=... --weight_decay=... (tune lr per optimizer, see README).
+# Other optimizers: --optimizer=sophiag --lr=6e-4; each gets its published betas, weight decay
+# (and rho) unless set (optim/published.py). configs/paper/ holds the paper's points.
 
 run_name = "gpt2-small-owt"
 model = "gpt2"
@@ -18,8 +19,6 @@ lr_schedule = "cosine"
 optimizer = "adamw"
 lr = 6e-4
 min_lr = 3e-5
-weight_decay = 0.1
-beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 
 log_interval = 10

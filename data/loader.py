@@ -285,7 +285,8 @@ class TokenLoader:
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"loader state was saved with {key}={state[key]}, but this {self.split!r} "
-                    f"loader has {key}={getattr(self, key)}: the data or the seed changed, so "
+                    f"loader has {key}={getattr(self, key)}: the data or its shuffling seed (the config's "
+                    f"data_seed) changed, so "
                     "the saved position does not point at the same tokens"
                 )
         self.seek(int(state["position"]))

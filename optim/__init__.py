@@ -4,7 +4,9 @@ Registering an optimizer is one entry in ``_REGISTRY`` (or one ``register`` call
 optimizer defined outside this package): a callable (class or function) taking
 ``(params, *, lr, weight_decay, betas, eps, backend, <its own options>)`` with its own defaults
 for betas/eps. ``build`` checks options against that signature, so no other code changes;
-docs/architecture.md walks through adding one.
+docs/architecture.md walks through adding one. ``resolve`` gives a run's hyper-parameters: the
+ones the user set, else the optimizer's published GPT-2 ones (optim/published.py), else its
+constructor's defaults.
 """
 import difflib
 import inspect
@@ -13,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from . import published
 from .adamw import adamw
 from .backends import SETTINGS as BACKENDS
 from .base import Optimizer
@@ -24,7 +27,7 @@ from .protocol import TrainingHooks, TrainingLoop
 from .sophia import SophiaG
 
 __all__ = ["BACKENDS", "LAMB", "Lion", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "TrainingLoop", "adamw",
-           "available", "build", "check_options", "param_groups", "register"]
+           "available", "build", "check_options", "param_groups", "register", "resolve"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -42,12 +45,23 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def register(name: str, factory: Callable) -> None:
-    """Make ``build(name, ...)`` (and so a config's ``optimizer = name``) create ``factory``'s optimizer."""
+def register(name: str, factory: Callable, gpt2_settings: dict | None = None) -> None:
+    """Make ``build(name, ...)`` (and so a config's ``optimizer = name``) create ``factory``'s
+    optimizer; ``gpt2_settings``: its published hyper-parameters, for ``resolve``."""
     key = name.lower()
     if key in _REGISTRY:
         raise ValueError(f"an optimizer named {key!r} is already registered")
     _REGISTRY[key] = factory
+    published.GPT2[key] = dict(gpt2_settings or {})
+
+
+def resolve(name: str, chosen: dict) -> dict[str, tuple[object, str]]:
+    """Every hyper-parameter of optimizer ``name`` as ``{key: (value, source)}``: the value in
+    ``chosen`` where it is not None ("set"), else its published GPT-2 value ("published"), else its
+    constructor's default ("default")."""
+    key = name.lower()
+    check_options(key, {})
+    return published.resolve(key, _REGISTRY[key], chosen, _CONTEXT)
 
 
 def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,

@@ -102,7 +102,7 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     config = load_config(ROOT / "configs" / "default.py")
     model_config = config.model_config(50257)
     model = GPT(model_config)
-    optimizer = optim.build(config.optimizer, model, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = optim.build(config.optimizer, model, **config.optimizer_hyperparameters())
     block, batch = model_config.block_size, config.micro_batch_size
 
     def median_ms(fn) -> float:

@@ -95,3 +95,40 @@ def test_schedules_against_hand_computed_values():
     assert learning_rate(87, **wsd) == 1.0
     assert learning_rate(88, **wsd) == pytest.approx(1.0 - 0.9 / 22)
     assert learning_rate(109, **wsd) == pytest.approx(0.1)
+
+
+# The published GPT-2 settings, transcribed from docs/optimizers.md (and optim/published.py's
+# sources) independently of the code: what an unset hyper-parameter resolves to.
+PUBLISHED_GPT2 = {
+    "adamw": {"betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8},
+    "merit": {"betas": (0.9, 0.95), "weight_decay": 0.01, "eps": 1e-6},
+    "lamb": {"betas": (0.9, 0.95), "weight_decay": 0.01, "eps": 1e-6},
+    "lion": {"betas": (0.9, 0.99), "weight_decay": 1.0},
+    "sophiag": {"betas": (0.965, 0.99), "weight_decay": 0.2, "rho": 0.05},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_GPT2))
+def test_an_unset_hyperparameter_is_the_optimizers_published_one(name):
+    config = load_config("configs/gpt2_small_owt.py", [f"--optimizer={name}"])
+    settings = config.optimizer_settings()
+    for key, value in PUBLISHED_GPT2[name].items():
+        assert settings[key] == (value, "published"), key
+    assert settings["lr"] == (6e-4, "set")
+    resolved = config.resolved()
+    assert (resolved.beta1, resolved.beta2) == PUBLISHED_GPT2[name]["betas"]
+    assert resolved.weight_decay == PUBLISHED_GPT2[name]["weight_decay"]
+    assert resolved.resolved() == resolved  # resolving is idempotent: a recorded config resolves to itself
+
+
+def test_a_set_hyperparameter_wins_and_is_recorded(tmp_path):
+    config = load_config("configs/gpt2_small_owt.py", ["--optimizer=sophiag", "--beta2=0.95", "--weight_decay=0.3",
+                                                       "--optimizer_options={'rho': 0.03}"])
+    settings = config.optimizer_settings()
+    assert settings["betas"] == ((0.965, 0.95), "set")  # beta1 keeps the published value
+    assert settings["weight_decay"] == (0.3, "set") and settings["rho"] == (0.03, "set")
+    assert settings["hessian_interval"] == (10, "default") and settings["eps"] == (1e-15, "default")
+    save_config(config.resolved(), tmp_path / "config.json")
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert (recorded["beta1"], recorded["beta2"], recorded["weight_decay"]) == (0.965, 0.95, 0.3)
+    assert recorded["optimizer_options"] == {"rho": 0.03, "hessian_interval": 10}

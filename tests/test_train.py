@@ -7,11 +7,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, run_train
+from conftest import ROOT, make_text, run_train
+from data.shards import write_shard
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
@@ -227,3 +229,45 @@ def test_optimizer_diagnostics_are_logged_per_layer(byte_shards, tmp_path, optim
     assert [r["step"] for r in logged] == [2, 4]
     for record in logged:
         assert f"{statistic}/transformer.h.1.attn.c_attn.weight" in record
+
+
+def test_sophiag_trains_with_its_published_settings_and_records_them(byte_shards, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--batch_size=2",
+                                             "--micro_batch_size=2", "--max_steps=2", "--beta1=0.9")))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    decayed = next(g for g in trainer.optimizer.param_groups if g["weight_decay"] != 0)
+    assert decayed["betas"] == (0.9, 0.99) and decayed["weight_decay"] == 0.2 and decayed["rho"] == 0.05
+    assert "betas (0.9, 0.99) (set), rho 0.05 (published)" in capsys.readouterr().out
+    for recorded in (json.loads((tmp_path / "default" / "config.json").read_text()),
+                     Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).config):
+        assert (recorded["beta1"], recorded["beta2"], recorded["weight_decay"]) == (0.9, 0.99, 0.2)
+        assert recorded["optimizer_options"]["rho"] == 0.05
+
+
+def test_seed_and_data_seed_vary_independently(tmp_path, monkeypatch):
+    """seed: the initial weights (and dropout); data_seed: the order of the training shards."""
+    monkeypatch.chdir(ROOT)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(6):  # distinct shards, so that their order shows in the first batch
+        tokens = [256] + list(make_text(40, 100 + i).encode())
+        write_shard(data / f"train_{i:06d}.bin", np.array(tokens, dtype=np.uint16))
+    write_shard(data / "val_000000.bin", np.array([256] + list(make_text(40, 0).encode()), dtype=np.uint16))
+
+    def start(*seeds):
+        trainer = Trainer(load_config(None, args(data, tmp_path / "runs", "--max_steps=2", "--batch_size=2",
+                                                 "--micro_batch_size=2", *seeds)))
+        try:
+            return next(trainer.model.parameters()).detach().clone(), trainer.train_loader.next_batch()[0]
+        finally:
+            trainer.close()
+
+    weights, batch = start()
+    other_weights, same_batch = start("--seed=7")
+    same_weights, other_batch = start("--data_seed=7")
+    assert not torch.equal(weights, other_weights) and torch.equal(batch, same_batch)
+    assert torch.equal(weights, same_weights) and not torch.equal(batch, other_batch)
