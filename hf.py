@@ -151,6 +151,9 @@ def to_hf(model: GPT, eos_token_id: int | None = None) -> tuple[dict, dict]:
     The state has no lm_head (HF ties it to wte). HF's GPT-2 always has biases: a model without
     them gets zero biases, which compute the same."""
     cfg = model.config
+    if cfg.qk_norm is not None:
+        raise ValueError(f"a model with qk_norm={cfg.qk_norm!r} has no Hugging Face GPT-2 equivalent (GPT-2 "
+                         f"normalises no q or k): evaluate its checkpoint with python -m eval instead")
     config = dict(
         architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=cfg.vocab_size,
         n_positions=cfg.block_size, n_ctx=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,

@@ -27,6 +27,9 @@ PRESETS = {
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1475M (1557M)
 }
 
+QK_NORMS = (None, "layernorm", "rmsnorm")
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -37,6 +40,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers; GPT-2 had them
     scale_attn_by_inverse_layer_idx: bool = False  # divide layer i's logits by (i + 1), as HF GPT-2
+    qk_norm: str | None = None  # "layernorm" or "rmsnorm" of each head's q and k (QK-Norm); None: off
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -49,6 +53,9 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"GPTConfig.qk_norm must be one of {', '.join(map(repr, QK_NORMS))}, "
+                             f"got {self.qk_norm!r}")
 
     @classmethod
     def preset(cls, name, **overrides):
@@ -68,14 +75,24 @@ class CausalSelfAttention(nn.Module):
         layer_factor = layer_idx + 1 if config.scale_attn_by_inverse_layer_idx else 1
         self.scale = 1.0 / (math.sqrt(head_dim) * layer_factor)
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
+        # QK-Norm (Dehghani et al. 2023; the MERIT paper's architectural baseline): each head's q
+        # and k normalised over head_dim before the dot product, which bounds the logits by
+        # the norms' gains. The probe sees the normalised q and k too (qkv below).
+        if config.qk_norm is None:
+            self.q_norm = self.k_norm = nn.Identity()
+        elif config.qk_norm == "layernorm":
+            self.q_norm, self.k_norm = (nn.LayerNorm(head_dim, bias=config.bias) for _ in range(2))
+        else:
+            self.q_norm, self.k_norm = nn.RMSNorm(head_dim), nn.RMSNorm(head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def qkv(self, x):
         """(B, T, C) -> q, k, v, each (B, n_head, T, head_dim)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]
+        fused = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in fused)
+        return self.q_norm(q), self.k_norm(k), v
 
     def forward(self, x, attn_mask=None):
         """attn_mask: None for causal attention, else a bool mask broadcasting to (B, n_head, T, T),

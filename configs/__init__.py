@@ -53,6 +53,7 @@ class TrainConfig:
     dropout: float | None = None
     bias: bool | None = None
     scale_attn_by_inverse_layer_idx: bool | None = None
+    qk_norm: str | None = None  # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
     vocab_size: int | None = None  # None: the tokenizer's vocabulary padded to a multiple of 64
 
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---

@@ -363,3 +363,10 @@ def test_from_hf_refuses_folders_without_a_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(interop.to_hf(random_model())[0]))
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         interop.from_hf(tmp_path)
+
+
+def test_a_qk_norm_model_is_refused_with_the_way_to_evaluate_it(tmp_path):
+    model = random_model(qk_norm="rmsnorm")
+    with pytest.raises(ValueError, match="qk_norm='rmsnorm' has no Hugging Face GPT-2 equivalent.*python -m eval"):
+        interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

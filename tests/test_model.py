@@ -52,11 +52,20 @@ def heads(t, n_head):
     return t.reshape(B, T, n_head, C // n_head).permute(0, 2, 1, 3)
 
 
-def reference_attention(x, attn, n_head, layer_idx, inverse_layer_scaling):
+def rms_norm(x, norm):
+    return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * norm.weight
+
+
+def qk_normed(t, norm, kind):
+    return {None: lambda: t, "layernorm": lambda: layer_norm(t, norm), "rmsnorm": lambda: rms_norm(t, norm)}[kind]()
+
+
+def reference_attention(x, attn, n_head, layer_idx, inverse_layer_scaling, qk_norm=None):
     """Manual causal softmax attention; returns the output and the full masked (B, H, T, T) logits."""
     B, T, C = x.shape
     qkv = linear(x, attn.c_attn)
     q, k, v = (heads(qkv[..., i * C:(i + 1) * C], n_head) for i in range(3))
+    q, k = qk_normed(q, attn.q_norm, qk_norm), qk_normed(k, attn.k_norm, qk_norm)
     logits = q @ k.transpose(-2, -1) / math.sqrt(C // n_head)
     if inverse_layer_scaling:
         logits = logits / (layer_idx + 1)
@@ -75,7 +84,7 @@ def reference_forward(model, idx):
     layer_logits = []
     for i, block in enumerate(model.transformer.h):
         attn_out, logits = reference_attention(
-            layer_norm(x, block.ln_1), block.attn, cfg.n_head, i, cfg.scale_attn_by_inverse_layer_idx
+            layer_norm(x, block.ln_1), block.attn, cfg.n_head, i, cfg.scale_attn_by_inverse_layer_idx, cfg.qk_norm
         )
         layer_logits.append(logits)
         x = x + attn_out
@@ -87,8 +96,9 @@ def reference_forward(model, idx):
 
 # ---- forward and attention ----
 
-def test_forward_matches_reference():
-    model = tiny_model()
+@pytest.mark.parametrize("qk_norm", [None, "layernorm", "rmsnorm"])
+def test_forward_matches_reference(qk_norm):
+    model = tiny_model(qk_norm=qk_norm)
     idx = random_tokens(model, 2, 11)
     logits, loss = model(idx)
     expected, _ = reference_forward(model, idx)
@@ -142,11 +152,12 @@ def test_future_token_never_changes_earlier_logits():
 
 # ---- max attention logit probe ----
 
-@pytest.mark.parametrize("inverse_layer_scaling", [False, True])
+@pytest.mark.parametrize("inverse_layer_scaling,qk_norm", [(False, None), (True, None), (True, "layernorm"),
+                                                           (False, "rmsnorm")])
 @pytest.mark.parametrize("chunk_size", [1, 4, 11, 64])  # 4 does not divide T = 11
 @pytest.mark.parametrize("T", [1, 11])  # T = 1: the only causal logit is the diagonal one
-def test_max_attention_logits_matches_full_logit_matrix(inverse_layer_scaling, chunk_size, T):
-    model = tiny_model(scale_attn_by_inverse_layer_idx=inverse_layer_scaling)
+def test_max_attention_logits_matches_full_logit_matrix(inverse_layer_scaling, qk_norm, chunk_size, T):
+    model = tiny_model(scale_attn_by_inverse_layer_idx=inverse_layer_scaling, qk_norm=qk_norm)
     idx = random_tokens(model, 2, T)
     _, layer_logits = reference_forward(model, idx)
     expected = torch.stack([logits.max() for logits in layer_logits]).float()
@@ -278,6 +289,7 @@ def test_unknown_preset_names_the_valid_ones():
     (dict(n_layer=0), "n_layer"),
     (dict(block_size=8.0), "block_size"),
     (dict(dropout=1.0), "dropout"),
+    (dict(qk_norm="l2"), "qk_norm must be one of None, 'layernorm', 'rmsnorm'"),
 ])
 def test_invalid_config_raises(fields, message):
     with pytest.raises(ValueError, match=message):
