@@ -1,0 +1,131 @@
+"""Write configs/paper/: one small config file per point of the MERIT paper's study.
+
+    python -m scripts.paper_configs           # (re)write configs/paper/*.py
+    python -m scripts.paper_configs --check   # exit 1 if a file differs from what this writes
+
+Points: GPT-2 Small / Medium / Large on OpenWebText x AdamW, LAMB, MERIT, Lion, Sophia-G x the
+paper's global batches (480, 1k, 2k, 4k, 6k, 8k sequences of 1024 tokens); MERIT's four
+ablations (maxLAMB, l2 norms, no element-wise clip, no weight-wise lower bound) at GPT-2 Small
+batch 1k; the QK-Norm baseline (AdamW, LayerNorm on each head's q and k) for GPT-2 Small at
+every batch. Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
+what differs, so a user opens, edits or copies one point.
+
+What each point sets, and why:
+* tokens: 20 per parameter (the paper's "Chinchilla" budget for its main table: 2.48B / 7.1B /
+  15.48B); the GPT-2 Medium batch-scaling study runs 48B (``--max_tokens=48_000_000_000``).
+* warmup: 2% of the tokens (the 2,000 of 100,000 steps of the GPT-2 scripts the paper builds on),
+  then cosine to min_lr; gradient clipping 1.0 (inherited).
+* lr: each optimizer's published GPT-2 peak lr for the model size (AdamW 6e-4 / 3e-4 / 2e-4, Lion
+  1e-4 / 1e-4 / 8e-5, Sophia-G 6e-4 / 7e-4 / 3e-4, MERIT and LAMB 2e-4, the MERIT authors'
+  default), min_lr AdamW's published 3e-5 / 6e-5 / 1e-5 and lr / 10 for the others. These were
+  published for batch 480; the paper tunes every optimizer's lr per batch by grid search, which a
+  study should do too (an lr grid per point).
+* every other optimizer hyper-parameter is left unset: the optimizer's published GPT-2 value
+  applies (optim/published.py), except Sophia-G's rho 0.08 for GPT-2 Medium.
+* micro_batch_size: the base config's for batch 480; for the power-of-two batches one that,
+  times 8 GPUs, divides them (16 / 8 / 4 sequences for Small / Medium / Large).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "configs" / "paper"
+
+MODELS = {  # name: (base config module, parameters in the paper, micro batch for the k-batches)
+    "small": ("gpt2_small_owt", 124e6, 16),
+    "medium": ("gpt2_medium_owt", 355e6, 8),
+    "large": ("gpt2_large_owt", 774e6, 4),
+}
+BATCHES = {"480": 480, "1k": 1024, "2k": 2048, "4k": 4096, "6k": 6144, "8k": 8192}
+LR = {  # optimizer: peak lr for small, medium, large
+    "adamw": (6e-4, 3e-4, 2e-4),
+    "lamb": (2e-4, 2e-4, 2e-4),
+    "merit": (2e-4, 2e-4, 2e-4),
+    "lion": (1e-4, 1e-4, 8e-5),
+    "sophiag": (6e-4, 7e-4, 3e-4),
+}
+ADAMW_MIN_LR = (3e-5, 6e-5, 1e-5)
+SOPHIA_RHO = {"medium": 0.08}  # elsewhere the published default, 0.05
+ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
+    "maxlamb": {"maxlamb": True},
+    "l2": {"norm": "l2"},
+    "no_clip": {"elementwise_clip": False},
+    "no_lower_bound": {"weightwise_lower_bound": False},
+}
+TOKENS_PER_PARAMETER = 20
+WARMUP_FRACTION = 0.02
+
+
+def points() -> dict[str, dict]:
+    """{file stem: the point's settings}, in a stable order."""
+    out = {}
+    for size, (base, params, micro) in MODELS.items():
+        i = list(MODELS).index(size)
+        for optimizer, lrs in LR.items():
+            for label, batch in BATCHES.items():
+                point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch, "params": params,
+                         "micro": None if batch == 480 else micro, "lr": lrs[i],
+                         "min_lr": ADAMW_MIN_LR[i] if optimizer == "adamw" else lrs[i] / 10, "options": {}}
+                if optimizer == "sophiag" and size in SOPHIA_RHO:
+                    point["options"] = {"rho": SOPHIA_RHO[size]}
+                out[f"gpt2_{size}_{optimizer}_b{label}"] = point
+    small = out["gpt2_small_merit_b1k"]
+    for name, options in ABLATIONS.items():
+        out[f"gpt2_small_merit_{name}_b1k"] = {**small, "options": options, "ablation": name}
+    for label in BATCHES:
+        out[f"gpt2_small_adamw_qknorm_b{label}"] = {**out[f"gpt2_small_adamw_b{label}"], "qk_norm": "layernorm"}
+    return out
+
+
+def render(stem: str, point: dict) -> str:
+    tokens = int(TOKENS_PER_PARAMETER * point["params"])
+    what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
+    if "ablation" in point:
+        what += f" ablation {point['ablation']}"
+    if "qk_norm" in point:
+        what += " with QK-Norm"
+    lines = [f"# The MERIT paper's study: {what}, global batch {point['batch']} x 1024 tokens.",
+             "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
+             f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
+             "",
+             f'run_name = "{stem}"',
+             f'optimizer = "{point["optimizer"]}"',
+             f"batch_size = {point['batch']}"]
+    if point["micro"] is not None:
+        lines.append(f"micro_batch_size = {point['micro']}  # x 8 GPUs divides batch_size")
+    lines += ["max_steps = 0",
+              f"max_tokens = {tokens:_}  # {TOKENS_PER_PARAMETER} tokens per parameter",
+              "warmup_steps = 0",
+              f"warmup_tokens = {int(WARMUP_FRACTION * tokens):_}  # {WARMUP_FRACTION:.0%} of the tokens",
+              f"lr = {point['lr']:g}  # published for batch 480; the paper grid-searches it per batch",
+              f"min_lr = {point['min_lr']:g}"]
+    if point["options"]:
+        lines.append(f"optimizer_options = {point['options']!r}")
+    if "qk_norm" in point:
+        lines.append(f'qk_norm = "{point["qk_norm"]}"')
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare the files with what would be written")
+    args = parser.parse_args(argv)
+    expected = {OUT / f"{stem}.py": render(stem, point) for stem, point in points().items()}
+    if args.check:
+        stale = [path.name for path, text in expected.items() if not path.is_file() or path.read_text() != text]
+        extra = sorted(p.name for p in OUT.glob("*.py") if p not in expected)
+        if stale or extra:
+            sys.exit(f"paper_configs: configs/paper/ is not what this script writes (differs or missing: "
+                     f"{stale[:5]}{'...' if len(stale) > 5 else ''}; not written by it: {extra}): run "
+                     f"python -m scripts.paper_configs")
+        print(f"configs/paper/: {len(expected)} files, as written")
+        return
+    OUT.mkdir(exist_ok=True)
+    for path, text in expected.items():
+        path.write_text(text)
+    print(f"wrote {len(expected)} configs to {OUT.relative_to(ROOT)}/")
+
+
+if __name__ == "__main__":
+    main()

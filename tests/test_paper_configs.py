@@ -1,0 +1,68 @@
+"""configs/paper/: every point of the MERIT paper's study loads and resolves to the published
+settings, transcribed here from docs/optimizers.md and the paper's setup independently of
+scripts/paper_configs.py, and builds its model on the meta device (no memory)."""
+import re
+
+import pytest
+import torch
+
+from configs import load_config
+from conftest import ROOT
+from model import GPT
+from scripts import paper_configs
+
+PAPER = ROOT / "configs" / "paper"
+FILES = sorted(PAPER.glob("*.py"))
+NAME = re.compile(r"gpt2_(small|medium|large)_(adamw|lamb|merit|lion|sophiag)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
+
+PARAMETERS = {"small": 124e6, "medium": 355e6, "large": 774e6}
+LAYERS = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280)}
+BATCH = {"480": 480, "1k": 1024, "2k": 2048, "4k": 4096, "6k": 6144, "8k": 8192}
+PEAK_LR = {"adamw": (6e-4, 3e-4, 2e-4), "lion": (1e-4, 1e-4, 8e-5), "sophiag": (6e-4, 7e-4, 3e-4),
+           "merit": (2e-4,) * 3, "lamb": (2e-4,) * 3}
+HYPER = {  # betas, weight decay, eps (None: the optimizer has none)
+    "adamw": ((0.9, 0.95), 0.1, 1e-8), "merit": ((0.9, 0.95), 1e-2, 1e-6), "lamb": ((0.9, 0.95), 1e-2, 1e-6),
+    "lion": ((0.9, 0.99), 1.0, None), "sophiag": ((0.965, 0.99), 0.2, 1e-15),
+}
+ABLATION = {"maxlamb": {"maxlamb": True}, "l2": {"norm": "l2"}, "no_clip": {"elementwise_clip": False},
+            "no_lower_bound": {"weightwise_lower_bound": False}}
+
+
+def test_the_files_are_what_the_generator_writes():
+    paper_configs.main(["--check"])
+    assert len(FILES) == 3 * 5 * 6 + 4 + 6
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_point_resolves_to_the_published_settings(path):
+    size, optimizer, variant, batch = NAME.fullmatch(path.stem).groups()
+    config = load_config(path, [])
+    resolved = config.resolved()
+    index = list(PARAMETERS).index(size)
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH[batch])
+    assert config.max_tokens == 20 * PARAMETERS[size] and config.warmup_tokens == 0.02 * config.max_tokens
+    assert config.lr == PEAK_LR[optimizer][index]
+    assert config.min_lr == pytest.approx((3e-5, 6e-5, 1e-5)[index] if optimizer == "adamw" else config.lr / 10)
+    betas, weight_decay, eps = HYPER[optimizer]
+    assert ((resolved.beta1, resolved.beta2), resolved.weight_decay, resolved.eps) == (betas, weight_decay, eps)
+    options = resolved.optimizer_options
+    if optimizer == "sophiag":
+        assert options["rho"] == (0.08 if size == "medium" else 0.05) and options["hessian_interval"] == 10
+    if optimizer == "merit":
+        expected = {"maxlamb": False, "norm": "max", "elementwise_clip": True, "weightwise_lower_bound": True,
+                    **ABLATION.get(variant, {})}
+        assert {k: options[k] for k in expected} == expected
+        assert variant is None or (size, batch) == ("small", "1k")
+    assert config.qk_norm == ("layernorm" if variant == "qknorm" else None)
+    assert config.grad_clip == 1.0 and config.lr_schedule == "cosine" and config.tokenizer == "gpt2"
+    total, warmup = config.steps(1024)
+    assert total * BATCH[batch] * 1024 <= config.max_tokens < (total + 1) * BATCH[batch] * 1024 and warmup > 0
+    assert config.grad_accum_steps(8) >= 1  # divides on 8 GPUs
+    model_config = config.model_config(50257)
+    assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS[size]
+    assert model_config.scale_attn_by_inverse_layer_idx == (size != "small")
+    assert model_config.vocab_size == 50304 and model_config.block_size == 1024
+    with torch.device("meta"):
+        model = GPT(model_config)
+    assert all(p.is_meta for p in model.parameters())
+    assert abs(model.num_params(non_embedding=False) / PARAMETERS[size] - 1) < 0.01
