@@ -62,13 +62,15 @@ def test_a_new_optimizer_steps_by_its_rule_with_the_base_class_checks():
 def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(optim, "_REGISTRY", dict(optim._REGISTRY))  # the registration ends with the test
+    monkeypatch.setattr(optim.published, "GPT2", dict(optim.published.GPT2))
     optim.register("signum", Signum)
     with pytest.raises(ValueError, match="already registered"):
         optim.register("Signum", Signum)
     config = load_config(None, [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
                                 "--optimizer=signum", "--max_steps=3", "--lr=0.01", "--min_lr=0.001"])
     trainer = Trainer(config)
-    assert isinstance(trainer.optimizer, Signum) and trainer.optimizer.defaults["betas"] == (0.9, 0.95)
+    # No published settings: its own defaults, never another optimizer's.
+    assert isinstance(trainer.optimizer, Signum) and trainer.optimizer.defaults["betas"] == (0.9, 0.0)
     start = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     try:
         trainer.train()
@@ -89,6 +91,7 @@ def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, 
 
 def test_a_registered_optimizer_must_speak_the_loop_protocol(monkeypatch):
     monkeypatch.setattr(optim, "_REGISTRY", dict(optim._REGISTRY))
+    monkeypatch.setattr(optim.published, "GPT2", dict(optim.published.GPT2))
     optim.register("sgd", lambda params, *, lr, weight_decay, backend: torch.optim.SGD(params, lr=lr))
     with pytest.raises(TypeError, match="builds a SGD, which does not implement optim.TrainingHooks"):
         optim.build("sgd", [nn.Parameter(torch.ones(2))], lr=0.1)
@@ -143,7 +146,7 @@ def test_optim_backend_reaches_the_summary_the_metrics_and_the_checkpoint(byte_s
     result = run_train(*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=2",
                        "--optimizer=lion", "--optim_backend=torch")
     assert "optimizer implementation (optim_backend 'torch')" in result.stdout
-    assert "weight_decay 0.01: torch" in result.stdout
+    assert "weight_decay 1.0: torch" in result.stdout  # Lion's published weight decay
     saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
     assert saved.optim_backends == {"group0": "torch", "group1": "torch"} and saved.config["optim_backend"] == "torch"
     first = json.loads((tmp_path / "default" / "metrics.jsonl").read_text().splitlines()[0])

@@ -1,0 +1,108 @@
+"""scripts/sweep.py: the plan of a grid, a real local sweep under torchrun (finished points
+skipped, an interrupted one resumed), and the SLURM array script."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import load_config
+from conftest import ROOT, run_train
+
+TINY = {"model": "nano", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "tokenizer": "byte",
+        "dropout": 0.0, "log_interval": 2, "eval_interval": 100, "val_tokens": 512, "probe_batch_size": 2,
+        "batch_size": 4, "micro_batch_size": 2, "max_steps": 4, "warmup_steps": 2, "lr": 0.01, "min_lr": 0.001,
+        "checkpoint_interval": 2, "sample_tokens": 0}
+
+
+def base_config(tmp_path, data_dir, **changes):
+    path = tmp_path / "base.py"
+    path.write_text("\n".join(f"{k} = {v!r}" for k, v in {**TINY, "data_dir": str(data_dir), **changes}.items()))
+    return path
+
+
+def sweep(*args, check=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, "-m", "scripts.sweep", *map(str, args)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 or not check, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def rows(output: str) -> dict[str, dict]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("point "))
+    header = lines[start].split()
+    table = {}
+    for line in lines[start + 1:]:
+        cells = line.split(maxsplit=len(header) - 1)  # the last column (status) may hold spaces
+        if len(cells) == len(header):
+            table[cells[0]] = dict(zip(header, cells))
+    return table
+
+
+def test_dry_run_prints_the_plan_of_a_2x2x2_grid_and_writes_nothing(tmp_path, byte_shards):
+    base = base_config(tmp_path, byte_shards, max_steps=40, warmup_steps=8)
+    result = sweep(base, "--name=plan", f"--out-dir={tmp_path}", "--grid=optimizer=adamw,merit",
+                   "--grid=batch_size=4,16", "--grid=lr=1e-3,3e-3", "--lr-scaling=sqrt", "--warmup-scaling=tokens",
+                   "--dry-run")
+    plan = rows(result.stdout)
+    assert len(plan) == 8 and "8 points" in result.stdout
+    for optimizer in ("adamw", "merit"):
+        for lr in (1e-3, 3e-3):
+            small, large = plan[f"{optimizer}_b4_lr{lr:g}"], plan[f"{optimizer}_b16_lr{lr:g}"]
+            # sqrt scaling from the base batch 4: x2 at batch 16; min_lr keeps the base ratio 1/10.
+            assert (float(small["lr"]), float(large["lr"])) == pytest.approx((lr, 2 * lr), rel=1e-2)
+            assert float(large["min_lr"]) == pytest.approx(float(large["lr"]) / 10, rel=1e-2)
+            # warmup held in tokens: 8 steps of 4 sequences are 2 steps of 16.
+            assert (small["warmup"], large["warmup"], small["status"]) == ("8", "2", "new")
+    assert not (tmp_path / "plan").exists()
+
+
+def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_path, byte_shards):
+    base = base_config(tmp_path, byte_shards)
+    common = [base, "--name=local", f"--out-dir={tmp_path}", "--grid=optimizer=adamw,merit"]
+    sweep(*common)  # writes the point configs
+    folder = tmp_path / "local"
+    assert sorted(p.name for p in folder.iterdir()) == ["adamw", "merit"]
+    # merit is interrupted after its checkpoint at step 2 (as a killed or preempted job leaves it).
+    run_train(str(folder / "merit" / "point.py"), "--stop_at_step=2")
+    assert rows(sweep(*common, "--dry-run").stdout)["merit"]["status"] == "at step 2"
+
+    first = sweep(*common, "--launch=local")
+    assert "adamw: new" in first.stdout and "merit: at step 2" in first.stdout
+    assert "resumed" in first.stdout and "all 2 points finished" in first.stdout
+    for name in ("adamw", "merit"):
+        records = [json.loads(line) for line in (folder / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if "train/loss" in r] == [2, 4]  # one run, no step twice
+        assert json.loads((folder / name / "config.json").read_text())["optimizer"] == name
+    again = sweep(*common, "--launch=local")
+    assert "adamw: finished, skipped" in again.stdout and "merit: finished, skipped" in again.stdout
+    assert "resumed" not in again.stdout
+
+
+def test_the_slurm_script_is_valid_bash_with_the_multi_node_torchrun_flags(tmp_path, byte_shards):
+    base = base_config(tmp_path, byte_shards)
+    result = sweep(base, "--name=cluster", f"--out-dir={tmp_path}", "--grid=seed=0,1", "--grid=lr=1e-3,3e-3",
+                   "--launch=slurm", "--nodes=2", "--gpus-per-node=4", "--time=02:00:00", "--partition=gpu")
+    script = tmp_path / "cluster" / "sweep.sbatch"
+    assert f"sbatch {script}" in result.stdout
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    directives = {line.split("=")[0]: line.split("=", 1)[1] for line in text.splitlines()
+                  if line.startswith("#SBATCH --") and "=" in line}
+    assert directives["#SBATCH --array"] == "0-3%4" and directives["#SBATCH --nodes"] == "2"
+    assert directives["#SBATCH --gpus-per-node"] == "4" and directives["#SBATCH --partition"] == "gpu"
+    assert directives["#SBATCH --signal"].startswith("B:USR1@") and "#SBATCH --requeue" in text
+    for flag in ('--nnodes="$SLURM_NNODES"', "--nproc_per_node=4", "--rdzv_backend=c10d",
+                 '--rdzv_endpoint="$HEAD:$PORT"', "--resume=auto", "scontrol requeue", "trap requeue USR1"):
+        assert flag in text, flag
+    # The array's point files, read by bash itself.
+    listed = subprocess.run(["bash", "-c", f"eval \"$(sed -n '/^POINTS=(/,/^)/p' {script})\"; "
+                             "printf '%s\\n' \"${POINTS[@]}\""], capture_output=True, text=True).stdout.split()
+    assert len(listed) == 4 and all(os.path.isfile(p) for p in listed)
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in listed) == [
+        f"s{s}_lr{lr:g}" for s in (0, 1) for lr in (1e-3, 3e-3)]
+    point = load_config(sorted(listed)[0])
+    assert (point.seed, point.lr, point.run_name, point.resume) == (0, 1e-3, "s0_lr0.001", "auto")
