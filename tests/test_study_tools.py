@@ -1,0 +1,105 @@
+"""scripts/report.py and scripts/plot.py on run folders with known values (their tables checked
+against values computed here by hand), and on real runs (tests/test_sweep.py runs them too)."""
+import json
+import statistics
+
+import pytest
+
+from scripts import plot, report
+from scripts.runs import find_runs
+
+BLOCK = 8
+# (optimizer, batch, lr, seed) -> the final validation loss; the curve falls linearly to it.
+FINALS = {
+    ("adamw", 4, 1e-3, 0): 2.00, ("adamw", 4, 1e-3, 1): 2.10, ("adamw", 4, 3e-3, 0): 1.80, ("adamw", 4, 3e-3, 1): 1.90,
+    ("merit", 4, 1e-2, 0): 1.70, ("merit", 4, 1e-2, 1): 1.72,
+    ("adamw", 16, 3e-3, 0): 2.50, ("adamw", 16, 3e-3, 1): 2.70,
+    ("merit", 16, 1e-2, 0): 1.60, ("merit", 16, 1e-2, 1): 1.62,
+}
+STEPS = (0, 10, 20, 30, 40)
+
+
+def write_run(folder, optimizer, batch, lr, seed, final, options=None):
+    folder.mkdir(parents=True)
+    config = {"optimizer": optimizer, "batch_size": batch, "lr": lr, "seed": seed, "optimizer_options": options or {},
+              "qk_norm": None}
+    (folder / "config.json").write_text(json.dumps(config))
+    records = [{"run_info": {"optim_backend": "auto"}}]
+    for i, step in enumerate(STEPS):
+        loss = 4.0 - (4.0 - final) * i / (len(STEPS) - 1)
+        record = {"step": step, "tokens": step * batch * BLOCK, "val/loss": loss}
+        if step:
+            # layer 0's logit peaks at step 20 at 10 x (1 + seed); layer 1's grows to 5 x step.
+            record.update({"train/loss": loss + 0.1, "max_logit/layer_00": (10.0 if step == 20 else 3.0) * (1 + seed),
+                           "max_logit/layer_01": 5.0 * step})
+            if optimizer == "merit":
+                for layer in (0, 1):
+                    name = f"transformer.h.{layer}.attn.c_attn.weight"
+                    record.update({f"clip_fraction/{name}": 0.01 * layer + 0.001 * step,
+                                   f"trust_ratio_min/{name}": 0.5, f"trust_ratio_max/{name}": 2.0 + layer})
+        records.append(record)
+    records[-1]["zero_shot/piqa/acc"] = 0.5 + final / 10
+    (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+
+
+@pytest.fixture
+def study(tmp_path):
+    for (optimizer, batch, lr, seed), final in FINALS.items():
+        write_run(tmp_path / "sweep" / f"{optimizer}_b{batch}_lr{lr:g}_s{seed}", optimizer, batch, lr, seed, final)
+    write_run(tmp_path / "sweep" / "maxlamb_b4", "merit", 4, 1e-2, 0, 1.9, options={"maxlamb": True})
+    (tmp_path / "sweep" / "merit_b16_lr0.01_s0" / "hessian.json").write_text(
+        json.dumps({"top_eigenvalue": 12.5, "trace": 3400.0}))
+    return tmp_path / "sweep"
+
+
+def test_report_tables_hold_the_hand_computed_values(study, capsys):
+    report.main([str(study), "--target", "2.3"])
+    text = capsys.readouterr().out
+    runs = find_runs([study])
+    assert len(runs) == len(FINALS) + 1 and "# Study report: 11 runs" in text
+    # AdamW at batch 4: lr 3e-3 wins (mean 1.85 against 2.05).
+    adamw = f"{statistics.fmean([1.8, 1.9]):.3f} ± {statistics.stdev([1.8, 1.9]):.3f} (lr 0.003, 2 seeds)"
+    adamw_16 = f"{statistics.fmean([2.5, 2.7]):.3f} ± {statistics.stdev([2.5, 2.7]):.3f} (lr 0.003, 2 seeds)"
+    assert f"| adamw | {adamw} | {adamw_16} |" in text
+    assert "| merit (maxLAMB) | 1.900 (lr 0.01, 1 seeds) | - |" in text
+    # The grid keeps the losing lr too.
+    assert f"| adamw | 4 | 0.001 | {statistics.fmean([2.0, 2.1]):.3f} ± {statistics.stdev([2.0, 2.1]):.3f} | 2 |" in text
+    # Overlap: merit 1.71 +- 0.014 vs merit (maxLAMB) 1.9 +- 0 do not overlap; adamw 1.85 +- 0.07 and
+    # maxLAMB 1.9 do (|1.85 - 1.9| <= 0.0707).
+    assert "adamw and merit (maxLAMB) at batch 4 (1.850 vs 1.900)" in text
+    assert "adamw and merit at batch 4" not in text
+    assert "single seed have no spread" in text
+    # Max logit: layer 0 peaks at 10 (seed 0) and 20 (seed 1), mean 15; ends at 3 and 6 -> 4.5.
+    assert "| adamw | 4 | 15.0 / 4.5 | 200.0 / 200.0 |" in text
+    # Steps to 2.3: the curve falls from 4.0 to the final loss in 4 equal steps of 10; adamw b4 lr 3e-3
+    # (finals 1.8, 1.9: 2.35 and 2.425 at step 30) reaches it at 40; merit b16 (1.6, 1.62: 2.2 and
+    # 2.215 at step 30) at 30; adamw b16 (2.5, 2.7) never.
+    assert "| adamw | 4 | 40 | 1,280 |" in text and "| merit | 16 | 30 | 3,840 |" in text
+    assert "| adamw | 16 | not reached | - |" in text
+    assert "| merit | 16 | 12.50 | 3400.0 |" in text  # the Hessian of the one seed that has one
+    assert "piqa/acc" in text
+
+
+def test_report_defaults_the_target_to_the_worst_best_point(study, capsys):
+    report.main([str(study)])
+    assert "## Steps and tokens to validation loss 2.600" in capsys.readouterr().out  # adamw b16's mean
+
+
+def test_plot_writes_the_four_figures(study, tmp_path, capsys):
+    out = tmp_path / "figures"
+    plot.main([str(study), "--out", str(out)])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["max_logit.png", "merit_diagnostics.png", "scaling.png", "val_loss.png"]
+    for path in out.iterdir():
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    # The per-layer averages behind the diagnostics figure.
+    merit = next(r for r in find_runs([study]) if r.name == "merit_b16_lr0.01_s0")
+    steps, clip = plot.per_layer(merit, "clip_fraction")[1]
+    assert steps == [10, 20, 30, 40] and clip == pytest.approx([0.02, 0.03, 0.04, 0.05])
+
+
+def test_no_runs_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no run folders"):
+        report.main([str(tmp_path)])
+    with pytest.raises(SystemExit, match="no run folders"):
+        plot.main([str(tmp_path), "--out", str(tmp_path / "f")])
