@@ -20,8 +20,8 @@ Warmup scaling (``--warmup-scaling``): the base config's warmup at the base batc
 the same number of steps at every batch (``steps``), as the same number of tokens (``tokens``:
 fewer steps at larger batches), or left as the config says (``none``).
 
-``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``), each
-with ``--resume=auto``: a finished point (its metrics hold the final step) is skipped, an
+``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``; or
+``--jobs`` of them at once, for small CPU runs), each with ``--resume=auto``: a finished point (its metrics hold the final step) is skipped, an
 interrupted one resumes from its last checkpoint, a failed one is reported and the others go on.
 ``--launch slurm`` writes ``sweep.sbatch``, an array job (one task per point) running torchrun
 on ``--nodes`` nodes with a c10d rendezvous on the job's first node, requeued on preemption
@@ -36,10 +36,12 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,21 +178,43 @@ def table(points: list[Point]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def launch_local(points: list[Point], nproc: int) -> list[str]:
-    """Run the unfinished points one after another; returns the names of those that failed."""
-    failed = []
-    progress = tqdm(points, unit="point", desc="sweep")
-    for point in progress:
-        progress.set_postfix_str(point.name)
+def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
+    """Run the unfinished points, ``jobs`` at a time; returns the names of those that failed.
+    With several jobs each gets an equal share of the CPU threads and writes its output to
+    POINT/train.log (one job inherits this terminal)."""
+    pending = []
+    for point in points:
         if point.status() == "finished":
             tqdm.write(f"{point.name}: finished, skipped")
-            continue
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   "train.py", str(point.file), "--resume=auto"]
-        tqdm.write(f"{point.name}: {point.status()}: {shlex.join(command)}")
-        if subprocess.run(command, cwd=ROOT).returncode != 0:
-            failed.append(point.name)
-            tqdm.write(f"{point.name}: FAILED (its log above; rerun the sweep to retry it)")
+        else:
+            pending.append(point)
+    env = dict(os.environ)
+    if jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    progress = tqdm(total=len(points), initial=len(points) - len(pending), unit="point", desc="sweep")
+    running: dict[subprocess.Popen, tuple[Point, object]] = {}
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            point = pending.pop(0)
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                       "train.py", str(point.file), "--resume=auto"]
+            tqdm.write(f"{point.name}: {point.status()}: {shlex.join(command)}")
+            log = open(point.folder / "train.log", "a") if jobs > 1 else None
+            running[subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)] = (point, log)
+        done = [process for process in running if process.poll() is not None]
+        if not done:
+            time.sleep(0.2)
+        for process in done:
+            point, log = running.pop(process)
+            if log is not None:
+                log.close()
+            progress.update()
+            if process.returncode != 0:
+                failed.append(point.name)
+                where = f"{point.folder / 'train.log'}" if jobs > 1 else "its log above"
+                tqdm.write(f"{point.name}: FAILED ({where}; rerun the sweep to retry it)")
+    progress.close()
     return failed
 
 
@@ -264,6 +288,7 @@ def main(argv=None) -> None:
     parser.add_argument("--launch", choices=["none", "local", "slurm"], default="none",
                         help="none: write the point files only (default); local: run them here; slurm: an sbatch")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="local: processes per point (GPUs)")
+    parser.add_argument("--jobs", type=int, default=1, help="local: points run at once (CPU runs; default 1)")
     slurm = parser.add_argument_group("slurm")
     slurm.add_argument("--nodes", type=int, default=1)
     slurm.add_argument("--gpus-per-node", type=int, default=8)
@@ -290,7 +315,7 @@ def main(argv=None) -> None:
         return
     write_points(points, args.config, shlex.join(["python", "-m", "scripts.sweep", *(argv or sys.argv[1:])]))
     if args.launch == "local":
-        failed = launch_local(points, args.nproc_per_node)
+        failed = launch_local(points, args.nproc_per_node, args.jobs)
         if failed:
             sys.exit(f"sweep: {len(failed)} of {len(points)} points failed: {', '.join(failed)}")
         print(f"sweep {args.name}: all {len(points)} points finished")
