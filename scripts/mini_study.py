@@ -24,8 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import plot, report, sweep
-from scripts.runs import find_runs
+from atomic import atomic_write
+from study import sweep
+from study.plot import draw_all
+from study.report import report
+from study.runs import find_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = "cache/data/shakespeare-byte"
@@ -86,10 +89,14 @@ def main(argv=None) -> None:
     print(sweep.table(points))
     sweep.write_points(points, str(base), "python -m scripts.mini_study")
     failed = sweep.launch_local(points, nproc=1, jobs=args.jobs)
-    report.main([str(out), "--out", str(out / "report.md")])
-    plot.main([str(out), "--out", str(out / "figures")])
+    runs = [run for run in find_runs([out]) if run.final("val/loss") is not None]
+    tables = report(runs, target=None)
+    with atomic_write(out / "report.md", "w") as f:
+        f.write(tables)
+    print(tables, end="")
+    draw_all(runs, out / "figures")
     minutes = (time.perf_counter() - start) / 60
-    print(f"mini-study: {len(find_runs([out]))} runs, {len(failed)} failed, {minutes:.1f} minutes; "
+    print(f"mini-study: {len(runs)} runs, {len(failed)} failed, {minutes:.1f} minutes; "
           f"{out / 'report.md'}, {out / 'figures'}")
     if failed:
         sys.exit(f"mini_study: failed runs: {', '.join(failed)}")

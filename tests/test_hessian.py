@@ -1,4 +1,4 @@
-"""scripts/hessian.py: the top Hessian eigenvalue and Hutchinson's trace against Hessians known in
+"""study/hessian.py and its CLI scripts/hessian.py: the top Hessian eigenvalue and Hutchinson's trace against Hessians known in
 closed form (quadratics, least squares) and the dense Hessian of a tiny GPT trained by train.py,
 and its command line."""
 
@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from conftest import ROOT, run_train
 from data.shards import list_shards, open_shard
-from scripts import hessian
+from study import hessian
 from training.checkpoint import load_model
 
 F64 = torch.float64
@@ -222,22 +222,17 @@ def test_cli_missing_checkpoint(tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_cli_bad_data(checkpoint_file, byte_shards, tmp_path):
+def test_bad_data_is_refused_with_the_fix(checkpoint_file, byte_shards, tmp_path):
     only_train = tmp_path / "only_train"
     only_train.mkdir()
     shutil.copy(list_shards(byte_shards, "train")[0], only_train)
-    with pytest.raises(SystemExit) as exit_:
-        hessian.main([str(checkpoint_file), f"--data-dir={only_train}", f"--out={tmp_path / 'h.json'}"])
-    assert str(exit_.value.code).startswith("hessian: ") and "'val'" in str(exit_.value.code)
-    assert str(only_train) in str(exit_.value.code)
-
-    with pytest.raises(SystemExit) as exit_:  # more batches than the val split holds
-        hessian.main([str(checkpoint_file), "--batches=100000", f"--out={tmp_path / 'h.json'}"])
-    assert str(exit_.value.code).startswith("hessian: ") and "fewer or smaller batches" in str(exit_.value.code)
+    config = {"tokenizer": "byte"}
+    with pytest.raises((OSError, ValueError), match=f"'val'.*{only_train}|{only_train}.*'val'"):
+        hessian.validation_batches(config, only_train, 1, 2, 8)
+    with pytest.raises(ValueError, match="fewer or smaller batches"):  # more batches than the val split holds
+        hessian.validation_batches(config, byte_shards, 100000, 2, 8)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        hessian.hutchinson_trace(lambda: torch.zeros((), requires_grad=True), [], samples=1)
+    result = run_hessian(checkpoint_file, "--batches=100000", f"--out={tmp_path / 'h.json'}")
+    assert result.returncode == 1 and result.stderr.startswith("hessian: ") and "fewer or smaller" in result.stderr
     assert not (tmp_path / "h.json").exists()
-
-
-def test_cli_refuses_a_single_sample(checkpoint_file, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        hessian.main([str(checkpoint_file), "--samples=1"])
-    assert exit_.value.code == 2 and "--samples" in capsys.readouterr().err

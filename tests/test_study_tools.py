@@ -1,12 +1,18 @@
-"""scripts/report.py and scripts/plot.py on run folders with known values (their tables checked
-against values computed here by hand), and on real runs (tests/test_sweep.py runs them too)."""
+"""study/report.py and study/plot.py (and their CLIs scripts/report.py, scripts/plot.py) on run
+folders with known values, their tables checked against values computed here by hand; on real
+runs in tests/test_sweep.py."""
 import json
+import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from scripts import plot, report
-from scripts.runs import find_runs
+from conftest import ROOT
+from study import plot
+from study.report import report
+from study.runs import find_runs
 
 BLOCK = 8
 # (optimizer, batch, lr, seed) -> the final validation loss; the curve falls linearly to it.
@@ -52,9 +58,15 @@ def study(tmp_path):
     return tmp_path / "sweep"
 
 
-def test_report_tables_hold_the_hand_computed_values(study, capsys):
-    report.main([str(study), "--target", "2.3"])
-    text = capsys.readouterr().out
+def cli(name: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"scripts.{name}", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+def test_report_tables_hold_the_hand_computed_values(study, tmp_path):
+    result = cli("report", study, "--target", "2.3", "--out", tmp_path / "report.md")
+    text = result.stdout
+    assert result.returncode == 0 and (tmp_path / "report.md").read_text() == text
     runs = find_runs([study])
     assert len(runs) == len(FINALS) + 1 and "# Study report: 11 runs" in text
     # AdamW at batch 4: lr 3e-3 wins (mean 1.85 against 2.05).
@@ -80,14 +92,15 @@ def test_report_tables_hold_the_hand_computed_values(study, capsys):
     assert "piqa/acc" in text
 
 
-def test_report_defaults_the_target_to_the_worst_best_point(study, capsys):
-    report.main([str(study)])
-    assert "## Steps and tokens to validation loss 2.600" in capsys.readouterr().out  # adamw b16's mean
+def test_report_defaults_the_target_to_the_worst_best_point(study):
+    text = report(find_runs([study]), target=None)
+    assert "## Steps and tokens to validation loss 2.600" in text  # adamw b16's mean
 
 
-def test_plot_writes_the_four_figures(study, tmp_path, capsys):
+def test_plot_writes_the_four_figures(study, tmp_path):
     out = tmp_path / "figures"
-    plot.main([str(study), "--out", str(out)])
+    result = cli("plot", study, "--out", out)
+    assert result.returncode == 0 and "11 runs ->" in result.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == ["max_logit.png", "merit_diagnostics.png", "scaling.png", "val_loss.png"]
     for path in out.iterdir():
@@ -99,7 +112,6 @@ def test_plot_writes_the_four_figures(study, tmp_path, capsys):
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="no run folders"):
-        report.main([str(tmp_path)])
-    with pytest.raises(SystemExit, match="no run folders"):
-        plot.main([str(tmp_path), "--out", str(tmp_path / "f")])
+    for name, args in (("report", [tmp_path]), ("plot", [tmp_path, "--out", tmp_path / "f"])):
+        result = cli(name, *args)
+        assert result.returncode == 1 and f"{name}: no run folders with a validation loss under" in result.stderr

@@ -1,4 +1,4 @@
-"""Finished and running training runs read back from their folders, for plot.py and report.py.
+"""Finished and running training runs read back from their folders, for the study's report and plots.
 
 A run folder is what train.py writes (``config.json``, ``metrics.jsonl``; ``hessian.json`` if
 scripts/hessian.py analysed its checkpoint). Runs are found under the given paths (a run folder,

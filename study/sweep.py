@@ -1,0 +1,247 @@
+"""Sweeps: the points of a grid of training runs (each a checked, resolved config in its own run
+folder), their status, and their launch here (torchrun) or on SLURM (an sbatch array). The CLI
+and what each option means: scripts/sweep.py.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from atomic import atomic_write
+from configs import ConfigError, TrainConfig, load_config
+from training.checkpoint import numbered
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALINGS = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
+# Short labels of the usual grid keys in point names.
+TAGS = {"optimizer": "", "batch_size": "b", "lr": "lr", "seed": "s", "data_seed": "d"}
+
+
+@dataclass
+class Point:
+    name: str
+    config: TrainConfig   # resolved: what the run trains with
+    grid: dict            # this point's grid values
+    folder: Path
+
+    @property
+    def file(self) -> Path:
+        return self.folder / "point.py"
+
+    def total_steps(self) -> int:
+        return self.config.steps(self.config.model_config(1).block_size)[0]
+
+    def status(self) -> str:
+        """"finished" (its metrics hold the final validation loss), "at step N" (interrupted: it
+        resumes from its checkpoint of step N) or "new"."""
+        total = self.total_steps()
+        if any(r.get("step") == total and "val/loss" in r for r in _records(self.folder / "metrics.jsonl")):
+            return "finished"
+        checkpoints = numbered(self.folder)
+        return f"at step {int(checkpoints[-1].stem.split('_')[1])}" if checkpoints else "new"
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a killed run
+            pass
+    return records
+
+
+def parse_values(text: str) -> list:
+    """``1e-3,3e-3`` -> [0.001, 0.003]; ``adamw,merit`` -> ["adamw", "merit"]; literals otherwise."""
+    try:
+        return list(ast.literal_eval(f"({text},)"))
+    except (ValueError, SyntaxError):
+        values = []
+        for piece in text.split(","):
+            try:
+                values.append(ast.literal_eval(piece))
+            except (ValueError, SyntaxError):
+                values.append(piece.strip())
+        return values
+
+
+def key_value(text: str, flag: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scaling: str,
+         warmup_scaling: str, base_batch: int | None) -> list[Point]:
+    """The points of the grid, each a checked, resolved config (nothing is written)."""
+    base_config = load_config(base, fixed)
+    base_batch = base_batch or base_config.batch_size
+    block = base_config.model_config(1).block_size
+    base_warmup_steps = base_config.warmup_steps or base_config.warmup_tokens // (base_batch * block)
+    points = []
+    for values in itertools.product(*grid.values()):
+        chosen = dict(zip(grid, values))
+        overrides = [*fixed, *(f"--{key}={value!r}" for key, value in chosen.items())]
+        if "lr" in chosen and "min_lr" not in chosen:  # min_lr keeps the base config's ratio to lr
+            overrides.append(f"--min_lr={chosen['lr'] * base_config.min_lr / base_config.lr!r}")
+        config = load_config(base, overrides)
+        factor = SCALINGS[lr_scaling](config.batch_size / base_batch)
+        changes = {"lr": config.lr * factor, "min_lr": config.min_lr * factor}
+        if warmup_scaling == "steps":
+            changes.update(warmup_steps=base_warmup_steps, warmup_tokens=0)
+        elif warmup_scaling == "tokens":
+            changes.update(warmup_steps=0, warmup_tokens=base_warmup_steps * base_batch * block)
+        name = point_name(chosen) or "base"
+        config = dataclasses.replace(config, **changes, run_name=name, out_dir=str(out), resume="auto",
+                                     overwrite=False).resolved()
+        config.steps(block)  # a warmup longer than the run is an error here, not at launch
+        points.append(Point(name, config, chosen, out / name))
+    names = [p.name for p in points]
+    if len(set(names)) != len(names):
+        raise ConfigError("two points of the grid get the same name: give each --grid key distinct values")
+    return points
+
+
+def point_name(chosen: dict) -> str:
+    parts = []
+    for key, value in chosen.items():
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{TAGS.get(key, key + '-')}{text}")
+    return re.sub(r"[^A-Za-z0-9._+=-]+", "-", "_".join(parts)).strip("-_")
+
+
+def write_points(points: list[Point], base: str, command: str) -> None:
+    for point in points:
+        point.folder.mkdir(parents=True, exist_ok=True)
+        lines = [f"# Sweep point {point.name}: {json.dumps(point.grid)} on {base}.",
+                 f"# Written by: {command}",
+                 "# Every setting, resolved (the optimizer's published values filled in); edit freely.", ""]
+        lines += [f"{field.name} = {getattr(point.config, field.name)!r}" for field in dataclasses.fields(TrainConfig)]
+        with atomic_write(point.file, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def table(points: list[Point]) -> str:
+    header = ["point", "optimizer", "batch", "lr", "min_lr", "warmup", "steps", "tokens", "seed", "data_seed",
+              "status"]
+    rows = [header]
+    for p in points:
+        c = p.config
+        total, warmup = c.steps(c.model_config(1).block_size)
+        rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", str(warmup),
+                     str(total), f"{total * c.batch_size * c.model_config(1).block_size:,}", str(c.seed),
+                     str(c.data_seed), p.status()])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
+    """Run the unfinished points, ``jobs`` at a time; returns the names of those that failed.
+    With several jobs each gets an equal share of the CPU threads and writes its output to
+    POINT/train.log (one job inherits this terminal)."""
+    pending = []
+    for point in points:
+        if point.status() == "finished":
+            tqdm.write(f"{point.name}: finished, skipped")
+        else:
+            pending.append(point)
+    env = dict(os.environ)
+    if jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    progress = tqdm(total=len(points), initial=len(points) - len(pending), unit="point", desc="sweep")
+    running: dict[subprocess.Popen, tuple[Point, object]] = {}
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            point = pending.pop(0)
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                       "train.py", str(point.file), "--resume=auto"]
+            tqdm.write(f"{point.name}: {point.status()}: {shlex.join(command)}")
+            log = open(point.folder / "train.log", "a") if jobs > 1 else None
+            running[subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)] = (point, log)
+        done = [process for process in running if process.poll() is not None]
+        if not done:
+            time.sleep(0.2)
+        for process in done:
+            point, log = running.pop(process)
+            if log is not None:
+                log.close()
+            progress.update()
+            if process.returncode != 0:
+                failed.append(point.name)
+                where = f"{point.folder / 'train.log'}" if jobs > 1 else "its log above"
+                tqdm.write(f"{point.name}: FAILED ({where}; rerun the sweep to retry it)")
+    progress.close()
+    return failed
+
+
+SBATCH = """#!/bin/bash
+# {count} points of the sweep {name}, one array task each: python -m scripts.sweep wrote this.
+#SBATCH --job-name={name}
+#SBATCH --array=0-{last}%{parallel}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={gpus}
+#SBATCH --cpus-per-task={cpus}
+#SBATCH --time={time}
+#SBATCH --output={out}/slurm-%A_%a.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@{grace}
+{partition}
+set -euo pipefail
+cd {root}
+POINTS=(
+{points}
+)
+CONFIG=${{POINTS[$SLURM_ARRAY_TASK_ID]}}
+# The rendezvous: torchrun's c10d store on the task's first node, one port per array task.
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+PORT=$((29500 + SLURM_ARRAY_TASK_ID % 10000))
+
+# Preemption or the time limit: SLURM sends USR1 {grace} s ahead; the ranks get SIGTERM, agree at
+# their next log step, save and exit 0, and the task goes back in the queue (--resume=auto then
+# continues it from that checkpoint).
+requeue() {{
+  kill -TERM "$TRAIN" 2>/dev/null || true
+  wait "$TRAIN" || true
+  scontrol requeue "${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"
+}}
+trap requeue USR1
+
+srun --kill-on-bad-exit=1 {python} -m torch.distributed.run \\
+  --nnodes="$SLURM_NNODES" --nproc_per_node={gpus} \\
+  --rdzv_id="$SLURM_ARRAY_JOB_ID-$SLURM_ARRAY_TASK_ID" --rdzv_backend=c10d --rdzv_endpoint="$HEAD:$PORT" \\
+  --max-restarts={restarts} \\
+  train.py "$CONFIG" --resume=auto &
+TRAIN=$!
+wait "$TRAIN"
+"""
+
+
+def write_sbatch(points: list[Point], name: str, out: Path, args) -> Path:
+    script = SBATCH.format(
+        count=len(points), name=name, last=len(points) - 1, parallel=args.max_parallel, nodes=args.nodes,
+        gpus=args.gpus_per_node, cpus=args.cpus_per_task, time=args.time, out=out, grace=args.signal_grace,
+        partition=f"#SBATCH --partition={args.partition}" if args.partition else "", root=ROOT,
+        points="\n".join(f"  {shlex.quote(str(p.file))}" for p in points), python=shlex.quote(sys.executable),
+        restarts=args.max_restarts)
+    path = out / "sweep.sbatch"
+    with atomic_write(path, "w") as f:
+        f.write(script)
+    return path
