@@ -3,10 +3,10 @@
     python -m scripts.plot sweeps/merit-batch runs/gpt2-small-owt --out figures/
 
 Writes into --out (default: figures/):
-* ``val_loss.png``: validation loss against training tokens, a line per run (colour: optimizer,
-  style: batch size);
+* ``val_loss.png``: validation loss against training tokens, a line per run at its point's best
+  lr (colour: optimizer, style: batch size);
 * ``max_logit.png``: the per-layer maximum attention logit over steps on a log scale (the paper's
-  figure), a panel per optimizer and batch (its first seed), a line per layer;
+  figure), a panel per optimizer and batch (at its best lr, first seed), a line per layer;
 * ``scaling.png``: final validation loss against batch size per optimizer, each point at the
   optimizer's best lr for that batch, the bar the spread (std) over seeds;
 * ``merit_diagnostics.png`` (when a MERIT run logged them): per layer, the fraction of

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from study.runs import Run, best_lr, group, mean_std  # noqa: E402
+from study.runs import Run, best_lr, mean_std  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 MAX_PANELS = 12
@@ -24,6 +24,7 @@ def colours(labels) -> dict[str, str]:
 
 
 def plot_val_loss(runs: list[Run], path: Path) -> None:
+    runs = [run for seeds in best_lr(runs).values() for run in seeds]  # each point at its best lr
     colour = colours(r.label for r in runs)
     batches = sorted({r.batch_size for r in runs})
     styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1))]
@@ -33,14 +34,14 @@ def plot_val_loss(runs: list[Run], path: Path) -> None:
         tokens = [s * run.tokens_per_step() for s in steps]
         ax.plot(tokens, losses, color=colour[run.label], linestyle=styles[batches.index(run.batch_size) % len(styles)],
                 label=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}, seed {run.seed}")
-    ax.set(xlabel="training tokens", ylabel="validation loss", title="Validation loss")
+    ax.set(xlabel="training tokens", ylabel="validation loss", title="Validation loss (best lr per point)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
     _save(fig, path)
 
 
 def plot_max_logits(runs: list[Run], path: Path) -> None:
-    panels = [members[0] for members in group(runs, "label", "batch_size").values()][:MAX_PANELS]
+    panels = [seeds[0] for seeds in best_lr(runs).values()][:MAX_PANELS]  # as the report's table
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False, sharey=True)
@@ -51,7 +52,7 @@ def plot_max_logits(runs: list[Run], path: Path) -> None:
             steps, values = run.series(key)
             ax.plot(steps, values, color=cmap(i), linewidth=1, label=key.removeprefix("max_logit/"))
         ax.set_yscale("log")
-        ax.set(title=f"{run.label}, batch {run.batch_size}", xlabel="step", ylabel="max attention logit")
+        ax.set(title=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}", xlabel="step", ylabel="max attention logit")
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")

@@ -54,9 +54,21 @@ def overlap_note(best: dict) -> str:
 
 
 def grid_table(runs: list[Run]) -> str:
-    rows = [[label, str(batch), f"{lr:g}", _pm([r.final("val/loss") for r in seeds]), str(len(seeds))]
-            for (label, batch, lr), seeds in group(runs, "label", "batch_size", "lr").items()]
-    return table(["optimizer", "batch", "lr", "final val loss", "seeds"], rows)
+    rows = []
+    for (label, batch, lr), seeds in group(runs, "label", "batch_size", "lr").items():
+        done = [r for r in seeds if r.finished]
+        loss = _pm([r.final("val/loss") for r in done]) if done else "did not finish"
+        rows.append([label, str(batch), f"{lr:g}", loss, f"{len(done)} of {len(seeds)}"])
+    return table(["optimizer", "batch", "lr", "final val loss", "seeds finished"], rows)
+
+
+def unfinished_note(runs: list[Run]) -> str | None:
+    unfinished = [r for r in runs if not r.finished]
+    if not unfinished:
+        return None
+    return ("Did not finish (diverged, e.g. stopped by nonfinite='stop', or interrupted; left out of every "
+            "other table): " + ", ".join(f"{r.label} lr {r.lr:g} seed {r.seed} (last logged step {r.last_step} "
+                                           f"of {r.total_steps})" for r in unfinished) + ".")
 
 
 def max_logit_table(best: dict) -> str:
@@ -104,10 +116,13 @@ def hessian_table(best: dict) -> str | None:
 
 def report(runs: list[Run], target: float | None) -> str:
     best = best_lr(runs)
+    if not best:
+        return f"# Study report: {len(runs)} runs\n\nNo run finished.\n\n{unfinished_note(runs)}\n"
     if target is None:
         target = max(mean_std([r.final("val/loss") for r in seeds])[0] for seeds in best.values())
     sections = [f"# Study report: {len(runs)} runs", "## Final validation loss (best lr per point)",
                 loss_table(best), overlap_note(best), "## Final validation loss over the lr grid", grid_table(runs),
+                *filter(None, [unfinished_note(runs)]),
                 "## Max attention logit per layer (peak / final)", max_logit_table(best),
                 f"## Steps and tokens to validation loss {target:.3f}", target_table(best, target)]
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):

@@ -13,6 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from configs import TrainConfig
+
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).
 ABLATIONS = {("maxlamb", True): "maxLAMB", ("norm", "l2"): "l2", ("elementwise_clip", False): "no clip",
              ("weightwise_lower_bound", False): "no lower bound"}
@@ -48,6 +50,20 @@ class Run:
     @property
     def seed(self) -> int:
         return self.config["seed"]
+
+    @property
+    def total_steps(self) -> int:
+        config = TrainConfig(**self.config)
+        return config.steps(config.model_config(1).block_size)[0]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run logged its final validation loss (not: diverged, interrupted, running)."""
+        return any(r.get("step") == self.total_steps and r.get("val/loss") is not None for r in self.records)
+
+    @property
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.records if "step" in r), default=0)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of ``key`` over the run, non-finite values (logged as null) left out."""
@@ -102,9 +118,10 @@ def group(runs: list[Run], *attributes: str) -> dict[tuple, list[Run]]:
 
 
 def best_lr(runs: list[Run]) -> dict[tuple[str, int], list[Run]]:
-    """Per (label, batch): the seeds of the lr with the lowest mean final validation loss."""
+    """Per (label, batch): the finished seeds of the lr with the lowest mean final validation loss
+    (a point some of whose seeds did not finish competes with the seeds that did)."""
     best = {}
-    for key, members in group(runs, "label", "batch_size").items():
+    for key, members in group([r for r in runs if r.finished], "label", "batch_size").items():
         by_lr = {lr: seeds for (lr,), seeds in group(members, "lr").items()}
         scores = {lr: mean_std([r.final("val/loss") for r in seeds])[0] for lr, seeds in by_lr.items()}
         finite = [lr for lr, score in scores.items() if math.isfinite(score)]

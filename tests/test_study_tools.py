@@ -1,6 +1,6 @@
 """study/report.py and study/plot.py (and their CLIs scripts/report.py, scripts/plot.py) on run
 folders with known values, their tables checked against values computed here by hand; on real
-runs in tests/test_sweep.py."""
+runs in tests/test_mini_study.py."""
 import json
 import os
 import statistics
@@ -25,10 +25,10 @@ FINALS = {
 STEPS = (0, 10, 20, 30, 40)
 
 
-def write_run(folder, optimizer, batch, lr, seed, final, options=None):
+def write_run(folder, optimizer, batch, lr, seed, final, options=None, diverged_at=None):
     folder.mkdir(parents=True)
-    config = {"optimizer": optimizer, "batch_size": batch, "lr": lr, "seed": seed, "optimizer_options": options or {},
-              "qk_norm": None}
+    config = {"optimizer": optimizer, "batch_size": batch, "lr": lr, "min_lr": lr / 10, "seed": seed,
+              "optimizer_options": options or {}, "qk_norm": None, "max_steps": STEPS[-1]}
     (folder / "config.json").write_text(json.dumps(config))
     records = [{"run_info": {"optim_backend": "auto"}}]
     for i, step in enumerate(STEPS):
@@ -44,6 +44,8 @@ def write_run(folder, optimizer, batch, lr, seed, final, options=None):
                     record.update({f"clip_fraction/{name}": 0.01 * layer + 0.001 * step,
                                    f"trust_ratio_min/{name}": 0.5, f"trust_ratio_max/{name}": 2.0 + layer})
         records.append(record)
+        if step == diverged_at:
+            break
     records[-1]["zero_shot/piqa/acc"] = 0.5 + final / 10
     (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
 
@@ -53,6 +55,8 @@ def study(tmp_path):
     for (optimizer, batch, lr, seed), final in FINALS.items():
         write_run(tmp_path / "sweep" / f"{optimizer}_b{batch}_lr{lr:g}_s{seed}", optimizer, batch, lr, seed, final)
     write_run(tmp_path / "sweep" / "maxlamb_b4", "merit", 4, 1e-2, 0, 1.9, options={"maxlamb": True})
+    # A point whose run stopped at step 20 (diverged): a better loss so far, yet never the best lr.
+    write_run(tmp_path / "sweep" / "adamw_b4_lr0.01_s0", "adamw", 4, 1e-2, 0, 0.5, diverged_at=20)
     (tmp_path / "sweep" / "merit_b16_lr0.01_s0" / "hessian.json").write_text(
         json.dumps({"top_eigenvalue": 12.5, "trace": 3400.0}))
     return tmp_path / "sweep"
@@ -68,14 +72,16 @@ def test_report_tables_hold_the_hand_computed_values(study, tmp_path):
     text = result.stdout
     assert result.returncode == 0 and (tmp_path / "report.md").read_text() == text
     runs = find_runs([study])
-    assert len(runs) == len(FINALS) + 1 and "# Study report: 11 runs" in text
+    assert len(runs) == len(FINALS) + 2 and "# Study report: 12 runs" in text
+    assert "| adamw | 4 | 0.01 | did not finish | 0 of 1 |" in text
+    assert "Did not finish" in text and "adamw lr 0.01 seed 0 (last logged step 20 of 40)" in text
     # AdamW at batch 4: lr 3e-3 wins (mean 1.85 against 2.05).
     adamw = f"{statistics.fmean([1.8, 1.9]):.3f} ± {statistics.stdev([1.8, 1.9]):.3f} (lr 0.003, 2 seeds)"
     adamw_16 = f"{statistics.fmean([2.5, 2.7]):.3f} ± {statistics.stdev([2.5, 2.7]):.3f} (lr 0.003, 2 seeds)"
     assert f"| adamw | {adamw} | {adamw_16} |" in text
     assert "| merit (maxLAMB) | 1.900 (lr 0.01, 1 seeds) | - |" in text
     # The grid keeps the losing lr too.
-    assert f"| adamw | 4 | 0.001 | {statistics.fmean([2.0, 2.1]):.3f} ± {statistics.stdev([2.0, 2.1]):.3f} | 2 |" in text
+    assert f"| adamw | 4 | 0.001 | {statistics.fmean([2.0, 2.1]):.3f} ± {statistics.stdev([2.0, 2.1]):.3f} | 2 of 2 |" in text
     # Overlap: merit 1.71 +- 0.014 vs merit (maxLAMB) 1.9 +- 0 do not overlap; adamw 1.85 +- 0.07 and
     # maxLAMB 1.9 do (|1.85 - 1.9| <= 0.0707).
     assert "adamw and merit (maxLAMB) at batch 4 (1.850 vs 1.900)" in text
@@ -100,7 +106,7 @@ def test_report_defaults_the_target_to_the_worst_best_point(study):
 def test_plot_writes_the_four_figures(study, tmp_path):
     out = tmp_path / "figures"
     result = cli("plot", study, "--out", out)
-    assert result.returncode == 0 and "11 runs ->" in result.stdout
+    assert result.returncode == 0 and "12 runs ->" in result.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == ["max_logit.png", "merit_diagnostics.png", "scaling.png", "val_loss.png"]
     for path in out.iterdir():

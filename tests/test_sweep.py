@@ -1,5 +1,6 @@
 """scripts/sweep.py: the plan of a grid, a real local sweep under torchrun (finished points
-skipped, an interrupted one resumed), and the SLURM array script."""
+skipped, an interrupted one resumed), and the SLURM array script. (The report and figures of
+real runs: tests/test_mini_study.py.)"""
 import json
 import os
 import subprocess
@@ -80,17 +81,6 @@ def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_
     again = sweep(*common, "--launch=local")
     assert "adamw: finished, skipped" in again.stdout and "merit: finished, skipped" in again.stdout
     assert "resumed" not in again.stdout
-    # The study tools on these real runs: a table row per optimizer, the four figures.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    table = subprocess.run([sys.executable, "-m", "scripts.report", str(folder)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, check=True).stdout
-    finals = {name: [json.loads(line) for line in (folder / name / "metrics.jsonl").read_text().splitlines()][-1]
-              for name in ("adamw", "merit")}
-    for name, last in finals.items():
-        assert f"| {name} | {last['val/loss']:.3f} (lr 0.01, 1 seeds) |" in table
-    subprocess.run([sys.executable, "-m", "scripts.plot", str(folder), "--out", str(tmp_path / "figures")], cwd=ROOT,
-                   env=env, check=True, capture_output=True)
-    assert len(list((tmp_path / "figures").glob("*.png"))) == 4
 
 
 def test_the_slurm_script_is_valid_bash_with_the_multi_node_torchrun_flags(tmp_path, byte_shards):
