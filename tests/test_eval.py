@@ -20,7 +20,7 @@ from eval.samples import write_fixtures, write_harness_tasks
 from model import GPT, GPTConfig
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_model
 
-STEPS = 12  # the agreement tests need a trained model, not a good one: keep the suite fast
+STEPS = 20  # the agreement tests need a trained model, not a good one: keep the suite fast
 
 
 @pytest.fixture(scope="module")
