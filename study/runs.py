@@ -7,6 +7,7 @@ the same point are one group.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -51,7 +52,7 @@ class Run:
     def seed(self) -> int:
         return self.config["seed"]
 
-    @property
+    @functools.cached_property
     def total_steps(self) -> int:
         config = TrainConfig(**self.config)
         return config.steps(config.model_config(1).block_size)[0]
@@ -59,7 +60,8 @@ class Run:
     @property
     def finished(self) -> bool:
         """Whether the run logged its final validation loss (not: diverged, interrupted, running)."""
-        return any(r.get("step") == self.total_steps and r.get("val/loss") is not None for r in self.records)
+        total = self.total_steps
+        return any(r.get("step") == total and r.get("val/loss") is not None for r in self.records)
 
     @property
     def last_step(self) -> int:
@@ -87,6 +89,19 @@ class Run:
         return next((s for s, v in zip(steps, values) if v <= target), None)
 
 
+def read_records(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl ([] if there is none yet), a torn last line (a killed run's) left out."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return records
+
+
 def find_runs(paths: list[Path]) -> list[Run]:
     """Every run folder (one with config.json and metrics.jsonl) at or under ``paths``."""
     folders = sorted({m.parent for path in map(Path, paths)
@@ -95,12 +110,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
                       if (m.parent / "config.json").is_file()})
     runs = []
     for folder in folders:
-        records = []
-        for line in (folder / "metrics.jsonl").read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line of a killed run
-                pass
+        records = read_records(folder / "metrics.jsonl")
         hessian = folder / "hessian.json"
         runs.append(Run(folder, json.loads((folder / "config.json").read_text()), records,
                         json.loads(hessian.read_text()) if hessian.is_file() else None))

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from atomic import atomic_write
 from configs import ConfigError, TrainConfig, load_config
+from study.runs import read_records
 from training.checkpoint import numbered
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,22 +49,10 @@ class Point:
         """"finished" (its metrics hold the final validation loss), "at step N" (interrupted: it
         resumes from its checkpoint of step N) or "new"."""
         total = self.total_steps()
-        if any(r.get("step") == total and "val/loss" in r for r in _records(self.folder / "metrics.jsonl")):
+        if any(r.get("step") == total and "val/loss" in r for r in read_records(self.folder / "metrics.jsonl")):
             return "finished"
         checkpoints = numbered(self.folder)
         return f"at step {int(checkpoints[-1].stem.split('_')[1])}" if checkpoints else "new"
-
-
-def _records(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed run
-            pass
-    return records
 
 
 def parse_values(text: str) -> list:
