@@ -2,8 +2,9 @@
 
 Module names match nanoGPT and Hugging Face's GPT-2 (transformer.wte, transformer.h[i].attn.c_attn,
 ...), so state dicts map onto HF checkpoints one to one. Besides the usual forward/generate, the
-model has a no-grad probe, `max_attention_logits`, that reports per layer the largest pre-softmax
-attention logit: the quantity MERIT is designed to keep in check. hf.py converts to and from Hugging
+model has a no-grad probe, `probe`, that reports per layer and head the largest pre-softmax
+attention logit (the quantity MERIT is designed to keep in check) and the attention entropy, and
+the LM head's output-logit growth. hf.py converts to and from Hugging
 Face's GPT2LMHeadModel.
 """
 
@@ -106,26 +107,32 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def max_logit(self, x, chunk_size):
-        """Largest causal pre-softmax logit q.k * scale for the (normalised) input x, as float32.
+    def attention_stats(self, x, chunk_size):
+        """Per head, for the (normalised) input x: the largest causal pre-softmax logit q.k * scale
+        and the attention entropy -sum_k p log p averaged over batch and queries; (n_head,) each, in
+        float32 or x's dtype if wider.
 
         Queries are taken chunk_size at a time, each against only the keys it may see, so the
         extra memory is O(B * H * chunk_size * T) instead of the full T x T logit matrix.
         """
         q, k, _ = self.qkv(x)
-        T = q.size(2)
-        best = torch.tensor(float("-inf"), device=x.device)
+        B, H, T, _ = q.shape
         # float32 logits even under autocast, which would otherwise run the matmul in bf16/fp16
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        best = torch.full((H,), float("-inf"), dtype=dtype, device=x.device)
+        entropy = torch.zeros(H, dtype=dtype, device=x.device)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            q, k = q.float(), k.float()
+            q, k = q.to(dtype), k.to(dtype)
             for start in range(0, T, chunk_size):
                 end = min(start + chunk_size, T)
                 logits = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * self.scale
                 query_pos = torch.arange(start, end, device=x.device).unsqueeze(1)
-                key_pos = torch.arange(end, device=x.device).unsqueeze(0)
-                logits = logits.masked_fill(key_pos > query_pos, float("-inf"))
-                best = torch.maximum(best, logits.max())
-        return best
+                future = torch.arange(end, device=x.device).unsqueeze(0) > query_pos
+                logits = logits.masked_fill(future, float("-inf"))
+                best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))
+                log_p = logits.log_softmax(dim=-1).masked_fill(future, 0.0)  # p log p = 0 where p = 0
+                entropy -= (log_p.exp() * log_p).sum(dim=(0, 2, 3))
+        return best, entropy / (B * T)
 
 
 class MLP(nn.Module):
@@ -203,22 +210,39 @@ class GPT(nn.Module):
             x = block(x, attn_mask)
         return self.transformer.ln_f(x)
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss over targets != -1."""
+    def forward(self, idx, targets=None, z_loss=0.0):
+        """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss over targets != -1.
+
+        z_loss > 0 adds PaLM's auxiliary loss z_loss * mean(log(Z)^2) over the same positions, Z
+        the softmax normaliser: it pulls log Z towards 0 and so keeps the output logits from drifting.
+        """
         logits = self.lm_head(self.hidden_states(idx))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
+            flat_logits, flat_targets = logits.view(-1, logits.size(-1)), targets.reshape(-1)
+            loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=-1)
+            if z_loss:
+                counted = flat_targets != -1
+                # in float32 at least: log Z^2 of bf16 logits would lose the small differences
+                log_z = torch.logsumexp(flat_logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+                loss = loss + z_loss * (log_z.square() * counted).sum() / counted.sum()
         return logits, loss
 
     @torch.no_grad()
-    def max_attention_logits(self, idx, chunk_size=256):
-        """Per layer, the max over batch, heads and causal positions of q.k * scale: float32 (n_layer,).
+    def probe(self, idx, chunk_size=256):
+        """The instability instruments on the batch idx (B, T), tensors in float32 (float64 for a
+        float64 model):
+
+        * "max_logit" (n_layer, n_head): per layer and head, the max over batch and causal positions
+          of the pre-softmax attention logit q.k * scale;
+        * "attn_entropy" (n_layer, n_head): the attention distribution's entropy (nats), averaged
+          over batch and queries;
+        * "max_abs_logit", "log_z" (0-d): the LM head's largest |logit| and its mean log-normaliser
+          log Z = logsumexp over the vocabulary, over all positions (what z_loss acts on).
 
         The residual stream is the ordinary forward in eval mode (no dropout); each layer's logits
-        are recomputed from its ln_1 output in query chunks of chunk_size to bound memory.
+        are recomputed from its ln_1 output, and the LM head's from the final hidden states, in
+        chunks of chunk_size queries (positions) to bound memory.
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -226,13 +250,24 @@ class GPT(nn.Module):
         self.eval()
         try:
             x = self._embed(idx)
-            maxima = []
+            maxima, entropies = [], []
             for block in self.transformer.h:
-                maxima.append(block.attn.max_logit(block.ln_1(x), chunk_size))
+                best, entropy = block.attn.attention_stats(block.ln_1(x), chunk_size)
+                maxima.append(best)
+                entropies.append(entropy)
                 x = block(x)
+            hidden = self.transformer.ln_f(x).flatten(0, 1)
+            dtype = maxima[0].dtype
+            max_abs = torch.zeros((), dtype=dtype, device=idx.device)
+            log_z = torch.zeros((), dtype=dtype, device=idx.device)
+            for rows in hidden.split(chunk_size):
+                logits = self.lm_head(rows).to(dtype)
+                max_abs = torch.maximum(max_abs, logits.abs().max())
+                log_z += torch.logsumexp(logits, dim=-1).sum()
         finally:
             self.train(was_training)
-        return torch.stack(maxima)
+        return {"max_logit": torch.stack(maxima), "attn_entropy": torch.stack(entropies),
+                "max_abs_logit": max_abs, "log_z": log_z / hidden.size(0)}
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, n_vocab=None):

@@ -135,7 +135,7 @@ def test_sequence_longer_than_block_size_raises():
     with pytest.raises(ValueError, match="block_size"):
         model(idx)
     with pytest.raises(ValueError, match="block_size"):
-        model.max_attention_logits(idx)
+        model.probe(idx)
 
 
 def test_future_token_never_changes_earlier_logits():
@@ -150,65 +150,108 @@ def test_future_token_never_changes_earlier_logits():
     assert not torch.allclose(changed_logits[:, t], logits[:, t])  # the change is visible at t
 
 
-# ---- max attention logit probe ----
+# ---- the probe: per-head max logits and entropies, output-logit growth ----
+
+def reference_probe(model, idx):
+    """The probe's statistics from the fully materialised masked logits and the full LM-head logits."""
+    logits, layer_logits = reference_forward(model, idx)
+    max_logit = torch.stack([layer.amax(dim=(0, 2, 3)) for layer in layer_logits])
+    entropies = []
+    for layer in layer_logits:
+        p = torch.softmax(layer, dim=-1)
+        p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+        entropies.append(-p_log_p.sum(-1).mean(dim=(0, 2)))  # over keys, then batch and queries
+    return {"max_logit": max_logit, "attn_entropy": torch.stack(entropies), "max_abs_logit": logits.abs().max(),
+            "log_z": torch.logsumexp(logits, dim=-1).mean()}
+
 
 @pytest.mark.parametrize("inverse_layer_scaling,qk_norm", [(False, None), (True, None), (True, "layernorm"),
                                                            (False, "rmsnorm")])
 @pytest.mark.parametrize("chunk_size", [1, 4, 11, 64])  # 4 does not divide T = 11
-@pytest.mark.parametrize("T", [1, 11])  # T = 1: the only causal logit is the diagonal one
-def test_max_attention_logits_matches_full_logit_matrix(inverse_layer_scaling, qk_norm, chunk_size, T):
+@pytest.mark.parametrize("T", [1, 11])  # T = 1: the only causal logit is the diagonal one, entropy 0
+def test_probe_matches_full_logit_matrices(inverse_layer_scaling, qk_norm, chunk_size, T):
     model = tiny_model(scale_attn_by_inverse_layer_idx=inverse_layer_scaling, qk_norm=qk_norm)
     idx = random_tokens(model, 2, T)
-    _, layer_logits = reference_forward(model, idx)
-    expected = torch.stack([logits.max() for logits in layer_logits]).float()
-    got = model.max_attention_logits(idx, chunk_size=chunk_size)
-    assert got.dtype == torch.float32 and got.shape == (model.config.n_layer,)
-    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    expected = reference_probe(model, idx)
+    got = model.probe(idx, chunk_size=chunk_size)
+    assert got.keys() == expected.keys()
+    assert got["max_logit"].shape == got["attn_entropy"].shape == (model.config.n_layer, model.config.n_head)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-10, atol=1e-10)
+    if T == 1:
+        assert (got["attn_entropy"] == 0).all()
+    else:  # a query attends to at most its T keys
+        assert (got["attn_entropy"] > 0).all() and (got["attn_entropy"] <= math.log(T)).all()
 
 
-def test_max_attention_logits_of_a_prefix_ignores_later_tokens():
+def test_probe_of_a_prefix_ignores_later_tokens():
     model = tiny_model()
     t = 6
     idx = random_tokens(model, 2, 12)
     other = idx.clone()
     other[:, t:] = random_tokens(model, 2, 12 - t, seed=5)
-    prefix_max = model.max_attention_logits(idx[:, :t], chunk_size=4)
+    prefix_max = model.probe(idx[:, :t], chunk_size=4)["max_logit"]
     for full in (idx, other):
         _, layer_logits = reference_forward(model, full)
         # rows are queries: those before t only see the shared prefix
-        expected = torch.stack([logits[:, :, :t].max() for logits in layer_logits]).float()
-        torch.testing.assert_close(prefix_max, expected, rtol=1e-6, atol=1e-6)
-        assert (model.max_attention_logits(full) >= prefix_max - 1e-6).all()
+        expected = torch.stack([logits[:, :, :t].amax(dim=(0, 2, 3)) for logits in layer_logits])
+        torch.testing.assert_close(prefix_max, expected, rtol=1e-10, atol=1e-10)
+        assert (model.probe(full)["max_logit"] >= prefix_max - 1e-10).all()
 
 
-def test_max_attention_logits_runs_without_dropout_and_restores_training_mode():
+def test_probe_runs_without_dropout_and_restores_training_mode():
     model = tiny_model(dropout=0.5)
     idx = random_tokens(model, 2, 11)
     model.train()
-    got = model.max_attention_logits(idx, chunk_size=3)
+    got = model.probe(idx, chunk_size=3)
     assert model.training and all(m.training for m in model.modules())
-    _, layer_logits = reference_forward(model, idx)  # the reference has no dropout
-    expected = torch.stack([logits.max() for logits in layer_logits]).float()
-    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    expected = reference_probe(model, idx)  # the reference has no dropout
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-10, atol=1e-10)
     model.eval()
-    model.max_attention_logits(idx)
+    model.probe(idx)
     assert not model.training
 
 
-def test_max_attention_logits_under_autocast_is_float32():
+def test_probe_under_autocast_is_float32():
     model = tiny_model().float()
     idx = random_tokens(model, 2, 11)
-    exact = model.max_attention_logits(idx, chunk_size=4)
+    exact = model.probe(idx, chunk_size=4)
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-        got = model.max_attention_logits(idx, chunk_size=4)
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(got, exact, rtol=0.05, atol=0.05)  # bf16 residual stream, fp32 logits
+        got = model.probe(idx, chunk_size=4)
+    for key in exact:
+        assert got[key].dtype == torch.float32
+        torch.testing.assert_close(got[key], exact[key], rtol=0.05, atol=0.05)  # bf16 residual stream
 
 
-def test_max_attention_logits_rejects_bad_chunk_size():
+def test_probe_rejects_bad_chunk_size():
     model = tiny_model()
     with pytest.raises(ValueError, match="chunk_size"):
-        model.max_attention_logits(random_tokens(model, 1, 4), chunk_size=0)
+        model.probe(random_tokens(model, 1, 4), chunk_size=0)
+
+
+# ---- z-loss ----
+
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4, 0.3])
+def test_z_loss_and_its_gradient_match_a_hand_written_reference(z_loss):
+    model = tiny_model()
+    idx = random_tokens(model, 2, 10)
+    targets = random_tokens(model, 2, 10, seed=2)
+    targets[0, :3] = -1  # ignored positions count in neither term
+    _, loss = model(idx, targets, z_loss=z_loss)
+    loss.backward()
+    got_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    logits, _ = reference_forward(model, idx)
+    keep = targets != -1
+    log_z = logits.exp().sum(-1).log()  # log of the softmax normaliser, written out
+    nll = (log_z - logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1))[keep].mean()
+    expected = nll + z_loss * (log_z[keep] ** 2).mean()
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+    for got, p in zip(got_grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-9, atol=1e-12)
 
 
 # ---- weights, init, sizes ----
