@@ -1,4 +1,4 @@
-"""AdamW: torch's own implementation (docs/optimizers.md, "AdamW"), plus the update_rms diagnostic.
+"""AdamW: torch's own implementation (docs/optimizers.md, "AdamW") with the training-loop protocol.
 
 Fused where torch has a fused kernel, else foreach. On torch 2.13 the fused AdamW kernels run on
 CPU and CUDA for every floating dtype (fp16, bf16, fp32, fp64; checked on CPU), so "allowed" is
@@ -8,7 +8,7 @@ kernels are torch's ("auto" and "torch" are accepted, a kernel name is an error)
 import torch
 
 from .backends import check_setting
-from .protocol import TrainingHooks, update_rms_recorded
+from .protocol import TrainingHooks
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -27,24 +27,11 @@ def adamw(params, *, lr: float, weight_decay: float = 0.0, betas: tuple[float, f
 
 
 class AdamW(TrainingHooks, torch.optim.AdamW):
-    """``torch.optim.AdamW`` that records ``update_rms`` per parameter on requested steps."""
-
-    def step(self, closure=None):
-        torch_step = _unhooked(torch.optim.AdamW.step)
-        if not self.diagnostics_requested:
-            return torch_step(self, closure)  # straight to torch's kernel, nothing extra
-        with update_rms_recorded(self):
-            return torch_step(self, closure)
+    """``torch.optim.AdamW``, its step untouched (torch's fused kernel); no diagnostics of its own."""
 
     def backends(self) -> dict[str, str]:
         return {f"group{i}": "torch (fused)" if group["fused"] else "torch (foreach)"
                 for i, group in enumerate(self.param_groups)}
-
-
-def _unhooked(step):
-    # torch wraps a class's step() in its hook-calling wrapper once an instance of the class is
-    # built; calling that wrapper from our (also wrapped) step would run step hooks twice.
-    return step.__wrapped__ if getattr(step, "hooked", False) else step
 
 
 def _tensors(params):

@@ -12,7 +12,6 @@ A subclass holds its math, options and diagnostics only:
   the fused operations of ``self.implementation(group, *tensors)`` (optim/backends/), passing
   them ``skip``;
 * ``reduces_rows_cols(p, group)``: whether p's operations reduce per row and column (MERIT);
-* ``RECORDS_UPDATE_RMS``: record the ``update_rms`` diagnostic around requested steps;
 * ``USES_FUSED_OPERATIONS = False`` for an update written in plain torch (then ``backends()``
   reports "torch", no kernels are prepared, and ``skip`` is always None).
 
@@ -24,18 +23,15 @@ p and its state untouched where it is nonzero, and the "step" counters count onl
 Hyper-parameters are checked here: lr >= 0, betas in [0, 1), eps >= 0 and weight_decay >= 0
 (NaN rejected), each error naming the bad value.
 """
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor
 
 from . import backends
-from .protocol import TrainingHooks, update_rms_recorded
+from .protocol import TrainingHooks
 
 
 class Optimizer(TrainingHooks, torch.optim.Optimizer):
     FLAGS: tuple[str, ...] = ()
-    RECORDS_UPDATE_RMS = False
     USES_FUSED_OPERATIONS = True  # False: the update is the subclass's own torch code
     # Attributes beyond torch's that pickling (deepcopy, torch.save of the optimizer) keeps.
     _ATTRIBUTES: tuple[str, ...] = ("backend",)
@@ -103,18 +99,17 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
                                f"before scaler.step(optimizer)")
         found_inf = getattr(self, "found_inf", None)
         flags = {}  # found_inf on each parameter device, as float32
-        with update_rms_recorded(self) if self.diagnostics_requested and self.RECORDS_UPDATE_RMS else nullcontext():
-            for group in self.param_groups:
-                for index, p in enumerate(group["params"]):
-                    if p.grad is None:
-                        continue
-                    skip = None
-                    if found_inf is not None:
-                        skip = flags.setdefault(p.device, found_inf.to(p.device, torch.float32, non_blocking=True))
-                    state = self.state_of(p)
-                    if "step" in state:
-                        state["step"] = _counted(state["step"], skip)
-                    self.update(p, state, group, index, skip)
+        for group in self.param_groups:
+            for index, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                skip = None
+                if found_inf is not None:
+                    skip = flags.setdefault(p.device, found_inf.to(p.device, torch.float32, non_blocking=True))
+                state = self.state_of(p)
+                if "step" in state:
+                    state["step"] = _counted(state["step"], skip)
+                self.update(p, state, group, index, skip)
         return loss
 
     def state_of(self, p: Tensor) -> dict:

@@ -18,10 +18,8 @@ class Lion(Optimizer):
     Defaults are the authors' (lr=1e-4, betas=(0.9, 0.99)). Their guidance: lr 3-10x smaller than
     AdamW's and weight decay 3-10x larger; GPT-2 lr 1e-4 (125M, 355M), 8e-5 (770M). Every param
     group may override lr, betas and weight_decay. State per parameter: "exp_avg" (m).
-    Diagnostics: ``update_rms``.
+    Diagnostics: none of its own (the training loop measures every optimizer's update sizes).
     """
-
-    RECORDS_UPDATE_RMS = True
 
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0, *, backend: str = "auto"):

@@ -16,9 +16,8 @@ The loop calls, and nothing else:
 ``TrainingHooks`` is the mixin every optimizer of this package inherits (optim/base.py and torch's
 AdamW in optim/adamw.py), with the defaults: no extra passes, the torch implementation.
 """
-import math
 from collections.abc import Callable
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -95,22 +94,3 @@ class TrainingHooks:
             lines.append(f"  {key}: {len(group['params'])} tensors, {numel / 1e6:.2f}M elements, "
                          f"weight_decay {group['weight_decay']}: {backend}")
         return "\n".join(lines)
-
-
-@contextmanager
-def update_rms_recorded(optimizer: TrainingHooks):
-    """Record ``update_rms`` (RMS of each parameter's change) over the enclosed step.
-
-    Generic, so it measures what the step really did (decay included, after rounding). It costs a
-    copy of the parameters, which is why optimizers enter it on requested steps only.
-    """
-    params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
-    before = [torch.empty_like(p) for p in params]
-    torch._foreach_copy_(before, params)
-    yield
-    norms = iter(torch._foreach_norm(torch._foreach_sub(params, before)))
-    for group in optimizer.param_groups:
-        for index, p in enumerate(group["params"]):
-            norm = next(norms)
-            if p.grad is not None:  # parameters without a gradient were not stepped
-                optimizer.record_diagnostics(group, index, update_rms=norm / math.sqrt(p.numel()))

@@ -29,10 +29,10 @@ class SophiaG(Optimizer):
     State per parameter: "step" (float32 scalar tensor, a counter), "exp_avg" (m), "hessian" (h,
     zero until the first Hessian update, so the first steps are sign-momentum steps clipped at 1).
     Diagnostics: ``win_rate`` (fraction of coordinates not clipped, |m| < rho*bs*h; healthy
-    0.1-0.5) and ``update_rms``.
+    0.1-0.5) and ``hessian_norm`` (the norm of h: a blow-up or collapse of the curvature estimate
+    shows in it before the loss diverges).
     """
 
-    RECORDS_UPDATE_RMS = True
     _ATTRIBUTES = (*Optimizer._ATTRIBUTES, "batch_tokens", "hessian_interval")
 
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.965, 0.99),
@@ -65,7 +65,7 @@ class SophiaG(Optimizer):
             p, p.grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"],
             skip=skip)
         if self.diagnostics_requested:
-            self.record_diagnostics(group, index, win_rate=(m.abs() < h * scale).float().mean())
+            self.record_diagnostics(group, index, win_rate=(m.abs() < h * scale).float().mean(), hessian_norm=h.norm())
 
     def hessian_due(self, step: int) -> bool:
         """Whether the Hessian estimate is refreshed after optimizer step ``step`` (1-based)."""

@@ -1,7 +1,6 @@
 """Tests of the sign-based optimizers (Lion, Sophia-G) against naive float64 transcriptions of
 docs/optimizers.md on each backend of their steps (the C++ kernels, the Triton kernels in
-Triton's interpreter, the torch reference), their diagnostics, AdamW's update_rms, state_dict round trips and
-build()."""
+Triton's interpreter, the torch reference), their diagnostics, state_dict round trips and build()."""
 import copy
 import io
 import math
@@ -157,33 +156,18 @@ def test_sophia_hessian_schedule(interval, expected):
     assert SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1).hessian_interval == 10
 
 
-def test_lion_diagnostics_are_hand_computed_and_only_when_requested(backend):
+def test_lion_has_no_diagnostics_of_its_own(backend):
     (pa, pb), grads = _data(2)
     a, b = nn.Parameter(pa.clone()), nn.Parameter(pb.clone())
     opt = Lion(_groups(a, b), lr=0.05, backend=backend)
-    refs = (NaiveLion(pa.numpy(), 0.05, (0.9, 0.99), 0.1), NaiveLion(pb.numpy(), 0.02, (0.8, 0.95), 0.0))
-    for k, gs in enumerate(grads[:6]):
-        a.grad, b.grad = (g.clone() for g in gs)
-        requested = k in (2, 5)
-        if requested:
-            opt.request_diagnostics()
-        before = [ref.p.copy() for ref in refs]
-        opt.step()
-        for ref, g in zip(refs, gs):
-            ref.step(g.numpy())
-        diagnostics = opt.pop_diagnostics()
-        if not requested:
-            assert diagnostics == {}
-            continue
-        assert diagnostics.keys() == {"update_rms/a", "update_rms/b"}
-        for name, ref, old in zip("ab", refs, before):
-            expected = math.sqrt(np.mean((ref.p - old) ** 2))
-            assert diagnostics[f"update_rms/{name}"] == pytest.approx(expected, rel=1e-6)
+    a.grad, b.grad = (g.clone() for g in grads[0])
+    opt.request_diagnostics()
+    opt.step()
+    assert opt.pop_diagnostics() == {}  # update sizes are the training loop's (training/instruments.py)
 
 
 def test_sophia_diagnostics_are_hand_computed(backend):
     opt, (a, b), refs = _run_sophia(512, backend, steps=7)
-    before = [ref.p.copy() for ref in refs]
     gen = torch.Generator().manual_seed(5)
     gs = tuple(torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((5, 7), (4,)))
     a.grad, b.grad = (g.clone() for g in gs)
@@ -192,35 +176,12 @@ def test_sophia_diagnostics_are_hand_computed(backend):
     for ref, g in zip(refs, gs):
         ref.step(g.numpy())
     diagnostics = opt.pop_diagnostics()
-    assert diagnostics.keys() == {"win_rate/a", "win_rate/b", "update_rms/a", "update_rms/b"}
-    for name, ref, old in zip("ab", refs, before):
+    assert diagnostics.keys() == {"win_rate/a", "win_rate/b", "hessian_norm/a", "hessian_norm/b"}
+    for name, ref in zip("ab", refs):
         assert diagnostics[f"win_rate/{name}"] == pytest.approx(ref.win_rate, rel=1e-6)
-        expected = math.sqrt(np.mean((ref.p - old) ** 2))
-        assert diagnostics[f"update_rms/{name}"] == pytest.approx(expected, rel=1e-6)
+        assert diagnostics[f"hessian_norm/{name}"] == pytest.approx(math.sqrt(np.sum(ref.h ** 2)), rel=1e-6)
+    assert min(diagnostics["hessian_norm/a"], diagnostics["hessian_norm/b"]) > 0
     assert 0 < refs[0].win_rate < 1  # a value the hand count can get wrong
-
-
-def test_adamw_update_rms_is_rms_of_the_change_and_only_when_requested():
-    torch.manual_seed(0)
-    a, b = (nn.Parameter(torch.randn(shape, dtype=torch.float64)) for shape in ((5, 7), (4,)))
-    frozen = nn.Parameter(torch.randn(3, dtype=torch.float64))  # no grad: not stepped, not recorded
-    opt = optim.build("adamw", [{"params": [a, frozen], "names": ["a", "frozen"], "weight_decay": 0.1},
-                                {"params": [b], "names": ["b"]}], lr=0.01)
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
-    for k in range(4):
-        a.grad, b.grad = torch.randn_like(a), torch.randn_like(b)
-        before = [a.detach().clone(), b.detach().clone()]
-        if k % 2:
-            opt.request_diagnostics()
-        opt.step()
-        diagnostics = opt.pop_diagnostics()
-        if not k % 2:
-            assert diagnostics == {}
-            continue
-        assert diagnostics.keys() == {"update_rms/a", "update_rms/b"}
-        for name, p, old in zip("ab", (a, b), before):
-            expected = (p.detach() - old).square().mean().sqrt().item()
-            assert diagnostics[f"update_rms/{name}"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_adamw_runs_step_hooks_once():
@@ -269,7 +230,7 @@ def test_kernels_match_the_torch_reference(kernel, name, dtype, tol):
             torch.testing.assert_close(x.float(), y.float(), rtol=tol, atol=tol * y.float().abs().max().item())
 
 
-@pytest.mark.parametrize("name", ["adamw", "lion", "sophiag"])
+@pytest.mark.parametrize("name", ["sophiag"])  # AdamW and Lion have no diagnostics of their own
 def test_diagnostics_do_not_change_the_update(name):
     gen = torch.Generator().manual_seed(4)
     params = [nn.Parameter(torch.randn(s, generator=gen)) for s in ((6, 5), (5,))]
