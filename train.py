@@ -30,7 +30,9 @@ from model import GPT
 from optim.protocol import LossFn
 from training import distributed, run_folder
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, save_in
+from training.instruments import UpdateStatistics, is_layer_key, probe_record
 from training.metrics import MetricsLogger, peak_bf16_flops
+from training.noise_scale import GradientNoiseScale, gpt_groups
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.schedule import learning_rate
 
@@ -78,6 +80,11 @@ class Trainer:
             config.optimizer, self.model, **config.optimizer_hyperparameters(), decay_embeddings=config.decay_embeddings,
             batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
+        # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
+        self.update_statistics = UpdateStatistics(self.model)
+        self.noise_scale = (GradientNoiseScale(gpt_groups(self.model), config.micro_batch_size * self.model_config.block_size,
+                                               self.grad_accum, self.ctx.world_size, config.noise_scale_ema)
+                            if GradientNoiseScale.possible(self.grad_accum, self.ctx.world_size) else None)
 
         block = self.model_config.block_size
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
@@ -88,7 +95,7 @@ class Trainer:
         self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block, rank=self.ctx.rank,
                                       world_size=self.ctx.world_size, **loader_options)
         self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
-        # A fixed batch for the max-attention-logit probe: the first validation sequences.
+        # A fixed batch for the probe (attention logits and entropies): the first validation sequences.
         self.probe_batch = TokenLoader(config.data_dir, "val", config.probe_batch_size, block, prefetch=False,
                                        **loader_options).next_batch()[0]
         self.total_steps, self.warmup_steps = config.steps(block)
@@ -113,6 +120,8 @@ class Trainer:
         if self.ctx.enabled:
             self.train_model = DDP(self.train_model, device_ids=[self.ctx.local_rank] if self.device.type == "cuda"
                                    else None)
+            if self.noise_scale and self.noise_scale.in_comm_hook:
+                self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -140,7 +149,7 @@ class Trainer:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
-            loss, finite = self.train_step(diagnose=log_step and ctx.is_main)
+            loss, finite = self.train_step(log_step)
             self.loss_window += torch.where(finite, loss, 0.0)  # a dropped step's loss is not averaged in
             self.window_steps += finite
             self.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
@@ -173,29 +182,33 @@ class Trainer:
                 self.summarize()
             self.metrics.close()
 
-    def train_step(self, diagnose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_step(self, log_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the global batch. Returns the mean loss and whether the gradient
         was finite (0-d tensors: no host sync; nonfinite="skip" drops a non-finite update on the
         device, "stop" raises at the next check).
-        diagnose: ask the optimizer for its diagnostics on this step (log steps only)."""
+        log_step: measure this step (noise scale on every rank; the optimizer's diagnostics and the
+        update statistics on the main rank), for log_train to read."""
         lr = learning_rate(self.step, total=self.total_steps, warmup=self.warmup_steps, lr=self.config.lr,
                            min_lr=self.config.min_lr, schedule=self.config.lr_schedule,
                            decay_fraction=self.config.decay_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y)[1])
+        z_loss = self.config.z_loss
+        total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
+                                           measure=log_step and self.noise_scale is not None)
         self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
         self.nonfinite.record(self.step + 1, finite)
+        diagnose = log_step and self.ctx.is_main
         if diagnose:
             self.optimizer.request_diagnostics()
-        skips = self.config.nonfinite == "skip"
-        if skips and not self.scaler.is_enabled():
-            self.optimizer.step_unless(~finite)  # on the device: no host sync
-        else:
-            self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)
+        with self.update_statistics.measured() if diagnose else nullcontext():
+            if self.config.nonfinite == "skip" and not self.scaler.is_enabled():
+                self.optimizer.step_unless(~finite)  # on the device: no host sync
+            else:
+                self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total_loss, finite
@@ -219,9 +232,12 @@ class Trainer:
         return (f"The last good checkpoint is {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}: "
                 f"resume it with --resume, e.g. with a lower lr")
 
-    def forward_backward(self, loss_fn: LossFn) -> torch.Tensor:
+    def forward_backward(self, loss_fn: LossFn, measure: bool = False) -> torch.Tensor:
         """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
-        batch's micro-batches, unscaled and all-reduced; returns the mean loss."""
+        batch's micro-batches, unscaled and all-reduced; returns the mean loss.
+        measure: read the gradient noise scale's norms on the way."""
+        if measure:
+            self.noise_scale.begin(self.scaler.get_scale())  # (1.0 without float16)
         total_loss = torch.zeros((), device=self.device)
         for micro_step in range(self.grad_accum):
             offset = self.train_loader.next_offset
@@ -233,7 +249,11 @@ class Trainer:
                 loss = loss_fn(self.train_model, x, y, offset) / self.grad_accum
             self.scaler.scale(loss).backward()
             total_loss += loss.detach()
+            if measure:
+                self.noise_scale.after_backward(micro_step)
         self.scaler.unscale_(self.optimizer)
+        if measure:
+            self.noise_scale.after_reduce()
         return total_loss
 
     @contextmanager
@@ -248,6 +268,7 @@ class Trainer:
     def log_train(self, mean_loss: torch.Tensor, steps: int, elapsed: float, progress):
         self.check_finite()  # at a log step the loop syncs anyway
         loss = distributed.all_reduce_mean(mean_loss.clone(), self.ctx).item()
+        noise_scale = self.noise_scale.estimate(self.ctx) if self.noise_scale else {}
         if not self.ctx.is_main:
             return
         tokens_per_s = steps * self.tokens_per_step / elapsed
@@ -256,13 +277,15 @@ class Trainer:
         if self.config.nonfinite == "skip":
             record["skipped_steps"] = self.nonfinite.skipped
         record.update(self.optimizer.pop_diagnostics())
+        record.update(self.update_statistics.pop())
+        record.update(noise_scale)
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
             record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
         with self.autocast:
-            max_logits = self.model.max_attention_logits(self.probe_batch.to(self.device))
-        record.update({f"max_logit/layer_{i:02d}": v for i, v in enumerate(max_logits.tolist())})
-        progress.set_postfix(loss=f"{loss:.4f}", max_logit=f"{max(max_logits.tolist()):.1f}")
+            probed = probe_record(self.model, self.probe_batch.to(self.device))
+        record.update(probed)
+        progress.set_postfix(loss=f"{loss:.4f}", max_logit=f"{max(v for k, v in probed.items() if is_layer_key(k, 'max_logit')):.1f}")
         self.log(record)
 
     @torch.no_grad()
@@ -285,12 +308,12 @@ class Trainer:
             # The console gets the run-level numbers; per-parameter series go to the logs only.
             tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                                 if "/" not in k or k.startswith(("train/", "val/", "zero_shot/"))))
-            if any(k.startswith("max_logit/") for k in record):
+            if any(is_layer_key(k, "max_logit") for k in record):
                 tqdm.write("  max attention logit per layer: " + " ".join(
-                    f"{record[k]:.2f}" for k in sorted(record) if k.startswith("max_logit/")))
+                    f"{record[k]:.2f}" for k in sorted(record) if is_layer_key(k, "max_logit")))
 
     def summarize(self):
-        max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if k.startswith("max_logit/")]
+        max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if is_layer_key(k, "max_logit")]
         print(f"finished {self.step} steps ({self.step * self.tokens_per_step:,} tokens): "
               f"val loss {self.latest['val/loss']:.4f}, max attention logit per layer {' '.join(max_logits)}")
         if self.config.sample_tokens:
@@ -329,7 +352,8 @@ class Trainer:
                 optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
                 tokens=self.step * self.tokens_per_step, rng=rng_per_rank, train_loader=self.train_loader.state_dict(),
                 config=self.config.to_dict(), optim_backends=self.optimizer.backends(),
-                train_window={"steps": int(self.window_steps), "loss_sums": loss_sums})
+                train_window={"steps": int(self.window_steps), "loss_sums": loss_sums},
+                noise_scale=self.noise_scale.state_dict() if self.noise_scale else {})
             save_in(self.run_dir, checkpoint, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
         distributed.barrier(self.ctx)
         self.last_checkpoint_step = self.step
@@ -364,6 +388,8 @@ class Trainer:
             mine = sums[self.ctx.rank] if len(sums) == self.ctx.world_size else torch.stack(sums).mean()
             self.loss_window = mine.to(self.device)
             self.window_steps.fill_(state.train_window["steps"])
+        if state.noise_scale and self.noise_scale:
+            self.noise_scale.load_state_dict(state.noise_scale)
         # Each rank continues its own RNG stream. On another number of ranks the batches are split
         # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
         # has no state for keeps the fresh state seeded by seed + rank in __init__.

@@ -81,6 +81,7 @@ class TrainConfig:
     nonfinite: str = "stop"  # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
     max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
     decay_embeddings: bool = False
+    z_loss: float = 0.0  # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
     optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
     optim_backend: str = "auto"  # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
 
@@ -88,7 +89,8 @@ class TrainConfig:
     log_interval: int = 10  # steps between metric lines (loss, lr, grad norm, speed, max logits)
     eval_interval: int = 100  # steps between validation losses (and at the end)
     val_tokens: int = 65536  # validation budget per evaluation, in tokens over all ranks
-    probe_batch_size: int = 4  # validation sequences on which max attention logits are measured
+    probe_batch_size: int = 4  # validation sequences on which attention logits and entropies are measured
+    noise_scale_ema: float = 0.95  # the gradient noise scale's EMA over log steps (each estimate is noisy)
     checkpoint_interval: int = 0  # steps between checkpoints; 0: only at the end
     keep_checkpoints: int = 2  # the newest checkpoints kept (ckpt_<step>.pt; ckpt.pt points at the newest)
     permanent_checkpoint_interval: int = 0  # also keep every checkpoint of a step divisible by this; 0: none
@@ -144,6 +146,8 @@ class TrainConfig:
         for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip",
                     "permanent_checkpoint_interval"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
+        _check(self.z_loss >= 0, f"z_loss={self.z_loss} must be >= 0 (0 turns it off; PaLM used 1e-4)")
+        _check(0.0 <= self.noise_scale_ema < 1.0, f"noise_scale_ema={self.noise_scale_ema} must lie in [0, 1)")
         _check(self.weight_decay is None or self.weight_decay >= 0,
                f"weight_decay={self.weight_decay} must be >= 0 (or unset: the optimizer's published value)")
         _check(self.tokenizer in ("gpt2", "byte"), f"tokenizer={self.tokenizer!r}: use 'gpt2' or 'byte'")

@@ -39,8 +39,8 @@ def _poison(trainer, steps):
     """NaN in one gradient element on the given (1-based) optimizer steps."""
     forward_backward = trainer.forward_backward
 
-    def poisoned(loss_fn):
-        loss = forward_backward(loss_fn)
+    def poisoned(loss_fn, **options):
+        loss = forward_backward(loss_fn, **options)
         if trainer.step + 1 in steps:
             next(trainer.model.parameters()).grad.view(-1)[0] = float("nan")
         return loss
@@ -54,9 +54,9 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(byte_shards, tmp_p
     snapshots = {}
     train_step = trainer.train_step
 
-    def recording(diagnose=False):
+    def recording(log_step=False):
         before = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
-        loss, finite = train_step(diagnose)
+        loss, finite = train_step(log_step)
         snapshots[trainer.step + 1] = before, finite.item()
         return loss, finite
     trainer.train_step = recording
@@ -89,10 +89,12 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(byte_shards, tmp_path, monk
 @pytest.mark.parametrize("optim_backend", ["torch", "triton"])  # what runs on CUDA tensors
 def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monkeypatch, policy, optim_backend):
     """No host sync on ordinary steps, under either policy: the verdict, the skip and the
-    bookkeeping stay on the device (read at log steps only)."""
+    bookkeeping stay on the device (read at log steps only), with every instrument on (z_loss, and
+    the noise scale, which accumulation makes possible on one rank)."""
     monkeypatch.chdir(ROOT)
     trainer = _trainer(byte_shards, tmp_path, f"--nonfinite={policy}", f"--optim_backend={optim_backend}",
-                       "--optimizer=merit", "--max_steps=4")
+                       "--optimizer=merit", "--max_steps=4", "--z_loss=1e-4", "--batch_size=4")
+    assert trainer.grad_accum == 2 and trainer.noise_scale is not None
     _poison(trainer, {2})
     try:
         before = copy.deepcopy(trainer.model.state_dict())

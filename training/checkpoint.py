@@ -3,8 +3,8 @@
 ``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
 validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
 export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
-below plus ``format_version``; version 1 files (before ``optim_backends`` and ``train_window``)
-are read as well.
+below plus ``format_version``; older files (version 1 before ``optim_backends`` and
+``train_window``, version 2 before ``noise_scale``) are read as well.
 
 In a run folder (``save_in``, ``load_latest``) each checkpoint is ``ckpt_<step>.pt``; ``ckpt.pt``,
 a link to the newest, is the latest pointer, switched atomically once the new file is complete;
@@ -30,9 +30,9 @@ from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
 _NUMBERED = re.compile(r"ckpt_(\d{8,})\.pt")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Fields a version lacks, with the value its files are read with.
-_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}}
+_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}}
 
 
 def code_version() -> str:
@@ -61,6 +61,7 @@ class Checkpoint:
     code_version: str = field(default_factory=code_version)  # git describe of the sources
     optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
+    noise_scale: dict = field(default_factory=dict)  # GradientNoiseScale.state_dict(): its EMAs
 
     @classmethod
     def of_model(cls, model: GPT, tokenizer: str, step: int = 0, tokens: int = 0) -> Checkpoint:

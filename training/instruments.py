@@ -1,0 +1,94 @@
+"""The instability instruments a log step records besides the loss (docs/architecture.md, "Instruments").
+
+* ``probe_record``: model.py's probe on the fixed probe batch, as metric keys: the max attention
+  logit per layer (``max_logit/layer_03``, the max over heads) and per head
+  (``max_logit/layer_03/head_07``), the attention entropy per head and its min over heads
+  (``attn_entropy/layer_03[/head_07]``, the collapse signal of Zhai et al. 2023), and the LM head's
+  ``output/max_abs_logit`` and ``output/log_z`` (Wortsman et al. 2023's output-logit divergence).
+* ``UpdateStatistics``: around one optimizer step, per layer, RMS(update) / RMS(weight) of the
+  attention q, k, v and output projections and the MLP's two matrices
+  (``update_ratio/layer_03/attn_q``), and the max-norm max |W| of Wq and Wk after the step
+  (``weight_max_abs/layer_03/attn_q``): the largest of the row maxima MERIT's trust ratios use.
+
+Keys with one "/" are per layer; a per-head key adds a third component.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from model import GPT
+
+
+def layer_key(stat: str, layer: int, part: str | None = None) -> str:
+    return f"{stat}/layer_{layer:02d}" + (f"/{part}" if part else "")
+
+
+def is_layer_key(key: str, stat: str) -> bool:
+    """Whether ``key`` is a per-layer ``stat`` key (``max_logit/layer_03``, not a per-head one)."""
+    head, _, rest = key.partition("/")
+    return head == stat and rest.startswith("layer_") and "/" not in rest
+
+
+@torch.no_grad()
+def probe_record(model: GPT, batch: Tensor, chunk_size: int = 256) -> dict[str, float]:
+    """The probe's statistics on ``batch`` as metric keys (one device-to-host copy)."""
+    stats = model.probe(batch, chunk_size)
+    max_logit, entropy = stats["max_logit"], stats["attn_entropy"]
+    n_layer, n_head = max_logit.shape
+    values = iter(torch.cat([max_logit.amax(1), max_logit.flatten(), entropy.amin(1), entropy.flatten(),
+                             stats["max_abs_logit"].reshape(1), stats["log_z"].reshape(1)]).tolist())
+    record = {}
+    for stat in ("max_logit", "attn_entropy"):
+        record.update({layer_key(stat, i): next(values) for i in range(n_layer)})
+        record.update({layer_key(stat, i, f"head_{h:02d}"): next(values) for i in range(n_layer) for h in range(n_head)})
+    record["output/max_abs_logit"], record["output/log_z"] = next(values), next(values)
+    return record
+
+
+class UpdateStatistics:
+    """Update and weight sizes of each transformer block's matrices over one optimizer step.
+
+    Generic in the optimizer: it compares the weights before and after the step (so it measures
+    what the step really did: decay included, after rounding, zero for a skipped step). The copy of
+    the block matrices it takes is why the loop measures on log steps only.
+    """
+
+    def __init__(self, model: GPT):
+        n_embd = model.config.n_embd
+        # (layer, part, weight, rows of the weight that are the part)
+        self.parts: list[tuple[int, str, Tensor, slice]] = []
+        for i, block in enumerate(model.transformer.h):
+            fused = block.attn.c_attn.weight  # q, k, v stacked on dim 0
+            for j, name in enumerate(("attn_q", "attn_k", "attn_v")):
+                self.parts.append((i, name, fused, slice(j * n_embd, (j + 1) * n_embd)))
+            for name, linear in (("attn_proj", block.attn.c_proj), ("mlp_fc", block.mlp.c_fc),
+                                 ("mlp_proj", block.mlp.c_proj)):
+                self.parts.append((i, name, linear.weight, slice(None)))
+        self.weights = list({id(w): w for _, _, w, _ in self.parts}.values())
+        self._pending: dict[str, Tensor] = {}
+
+    @contextmanager
+    @torch.no_grad()
+    def measured(self):
+        """Measure the optimizer step taken inside; ``pop`` returns the statistics."""
+        weights = [w.detach() for w in self.weights]
+        before = [torch.empty_like(w) for w in weights]
+        torch._foreach_copy_(before, weights)
+        yield
+        saved = {id(w): b for w, b in zip(self.weights, before)}
+        for layer, part, weight, rows in self.parts:
+            old, new = saved[id(weight)][rows], weight.detach()[rows]
+            # The parts' RMS share one element count: their ratio is the ratio of the norms.
+            self._pending[layer_key("update_ratio", layer, part)] = (new - old).norm() / old.norm()
+            if part in ("attn_q", "attn_k"):
+                self._pending[layer_key("weight_max_abs", layer, part)] = new.abs().max()
+
+    def pop(self) -> dict[str, float]:
+        """The last measured step's statistics as floats (one device-to-host copy); {} if none."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return {}
+        return dict(zip(pending, torch.stack([v.float() for v in pending.values()]).tolist()))
