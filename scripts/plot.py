@@ -10,7 +10,12 @@ Writes into --out (default: figures/):
 * ``scaling.png``: final validation loss against batch size per optimizer, each point at the
   optimizer's best lr for that batch, the bar the spread (std) over seeds;
 * ``merit_diagnostics.png`` (when a MERIT run logged them): per layer, the fraction of
-  element-wise clipped updates and the trust-ratio spread (max / min) over steps.
+  element-wise clipped updates and the trust-ratio spread (max / min) over steps;
+* ``max_logit_heads.png``: layer x head heatmaps of the max attention logit at four steps, for
+  the runs (best lr) with the largest final logits;
+* ``attn_entropy.png``: per layer, the lowest head's attention entropy over steps, a panel per run;
+* ``noise_scale.png``: the gradient noise scale B_simple over steps, each run's batch (tokens) dashed.
+The last three are drawn where the runs logged those keys (train.py does at every log step).
 """
 import argparse
 import sys

@@ -46,7 +46,7 @@ def plot_max_logits(runs: list[Run], path: Path) -> None:
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False, sharey=True)
     for ax, run in zip(axes.flat, panels):
-        layers = run.keys("max_logit/layer_")
+        layers = run.layer_keys("max_logit")
         cmap = plt.get_cmap("viridis", max(len(layers), 2))
         for i, key in enumerate(layers):
             steps, values = run.series(key)
@@ -118,6 +118,92 @@ def plot_merit_diagnostics(runs: list[Run], path: Path) -> bool:
     return True
 
 
+HEAD_KEY = re.compile(r"max_logit/layer_(\d+)/head_(\d+)$")
+SNAPSHOTS = 4
+
+
+def head_logits(run: Run, step: int) -> list[list[float]]:
+    """The (layer x head) max attention logits logged at ``step`` (NaN where one is missing)."""
+    record = next(r for r in run.records if r.get("step") == step and any(HEAD_KEY.match(k) for k in r))
+    cells = {tuple(map(int, m.groups())): record[k] for k in record if (m := HEAD_KEY.match(k))}
+    layers, heads = (1 + max(cell[i] for cell in cells) for i in (0, 1))
+    return [[cells.get((layer, head), math.nan) for head in range(heads)] for layer in range(layers)]
+
+
+def plot_head_logits(runs: list[Run], path: Path) -> bool:
+    """Layer x head heatmaps of the max attention logit at SNAPSHOTS steps, for the best-lr runs with
+    the largest final logits: which heads run away, and when."""
+    panels = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].keys("max_logit/layer_00/head_")]
+    if not panels:
+        return False
+    peak = lambda run: max((run.final(k) or 0.0) for k in run.layer_keys("max_logit"))  # noqa: E731
+    panels = sorted(panels, key=peak, reverse=True)[:MAX_PANELS // 2]
+    grids = []
+    for run in panels:
+        steps = sorted({r["step"] for r in run.records if "step" in r and any(HEAD_KEY.match(k) for k in r)})
+        picked = sorted({steps[round(i * (len(steps) - 1) / max(SNAPSHOTS - 1, 1))] for i in range(SNAPSHOTS)})
+        grids.append([(step, head_logits(run, step)) for step in picked])
+    top = max(v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))
+    fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.6 * SNAPSHOTS + 1, 2.4 * len(panels)), squeeze=False)
+    for run, row, ax_row in zip(panels, grids, axes):
+        for ax, (step, grid) in zip(ax_row, row):
+            image = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=top)
+            ax.set(title=f"{run.label}, b{run.batch_size}, step {step}", xlabel="head", ylabel="layer")
+            ax.title.set_fontsize(7)
+        for ax in ax_row[len(row):]:
+            ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="max attention logit")
+    fig.suptitle("Max attention logit per layer and head over training")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_attention_entropy(runs: list[Run], path: Path) -> bool:
+    """Per layer, the lowest head entropy over steps: entropy collapse shows before instability."""
+    panels = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].layer_keys("attn_entropy")][:MAX_PANELS]
+    if not panels:
+        return False
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, run in zip(axes.flat, panels):
+        layers = run.layer_keys("attn_entropy")
+        cmap = plt.get_cmap("viridis", max(len(layers), 2))
+        for i, key in enumerate(layers):
+            ax.plot(*run.series(key), color=cmap(i), linewidth=1, label=key.removeprefix("attn_entropy/"))
+        ax.set(title=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}", xlabel="step",
+               ylabel="min attention entropy over heads (nats)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper right", fontsize=6, ncol=max(1, len(names) // 12))
+    fig.suptitle("Attention entropy per layer (the lowest head)")
+    _save(fig, path)
+    return True
+
+
+def plot_noise_scale(runs: list[Run], path: Path) -> bool:
+    """The live gradient noise scale B_simple over steps against each run's batch (in tokens): a
+    batch far above B_simple buys little per token."""
+    lines = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].series("noise_scale/b_simple")[0]]
+    if not lines:
+        return False
+    colour = colours(f"{r.label}, batch {r.batch_size}" for r in lines)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in lines:
+        name = f"{run.label}, batch {run.batch_size}"
+        ax.plot(*run.series("noise_scale/b_simple"), color=colour[name], label=name)
+        ax.axhline(run.final("noise_scale/batch_tokens"), color=colour[name], linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="tokens", title="Gradient noise scale B_simple (solid) and the batch (dashed)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6)
+    _save(fig, path)
+    return True
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -131,6 +217,8 @@ def draw_all(runs: list[Run], out: Path) -> list[Path]:
     for name, draw in (("val_loss", plot_val_loss), ("max_logit", plot_max_logits), ("scaling", plot_scaling)):
         draw(runs, out / f"{name}.png")
         written.append(out / f"{name}.png")
-    if plot_merit_diagnostics(runs, out / "merit_diagnostics.png"):
-        written.append(out / "merit_diagnostics.png")
+    for name, draw in (("merit_diagnostics", plot_merit_diagnostics), ("max_logit_heads", plot_head_logits),
+                       ("attn_entropy", plot_attention_entropy), ("noise_scale", plot_noise_scale)):
+        if draw(runs, out / f"{name}.png"):  # each only where the runs logged its keys
+            written.append(out / f"{name}.png")
     return written

@@ -72,7 +72,7 @@ def unfinished_note(runs: list[Run]) -> str | None:
 
 
 def max_logit_table(best: dict) -> str:
-    layers = sorted({k for seeds in best.values() for r in seeds for k in r.keys("max_logit/layer_")})
+    layers = sorted({k for seeds in best.values() for r in seeds for k in r.layer_keys("max_logit")})
     rows = []
     for (label, batch), seeds in sorted(best.items()):
         row = [label, str(batch)]

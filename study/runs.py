@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs import TrainConfig
+from training.instruments import is_layer_key
 
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).
 ABLATIONS = {("maxlamb", True): "maxLAMB", ("norm", "l2"): "l2", ("elementwise_clip", False): "no clip",
@@ -83,6 +84,10 @@ class Run:
     def keys(self, prefix: str) -> list[str]:
         """Every logged key starting with ``prefix``, sorted."""
         return sorted({k for r in self.records for k in r if k.startswith(prefix)})
+
+    def layer_keys(self, stat: str) -> list[str]:
+        """The per-layer keys of ``stat`` (``max_logit/layer_03``, not the per-head ones), sorted."""
+        return [k for k in self.keys(f"{stat}/") if is_layer_key(k, stat)]
 
     def first_step_below(self, key: str, target: float) -> int | None:
         steps, values = self.series(key)

@@ -21,5 +21,6 @@ def test_the_mini_study_runs_its_grid_and_writes_the_report_and_figures(tmp_path
     text = (out / "report.md").read_text()
     assert "| adamw | " in text and "| merit (maxLAMB) | " in text and "# Study report: 2 runs" in text
     assert sorted(p.name for p in (out / "figures").iterdir()) == [
-        "max_logit.png", "merit_diagnostics.png", "scaling.png", "val_loss.png"]
+        "attn_entropy.png", "max_logit.png", "max_logit_heads.png", "merit_diagnostics.png", "scaling.png",
+        "val_loss.png"]
     assert "mini-study: 2 runs, 0 did not finish" in result.stdout

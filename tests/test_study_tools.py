@@ -38,6 +38,11 @@ def write_run(folder, optimizer, batch, lr, seed, final, options=None, diverged_
             # layer 0's logit peaks at step 20 at 10 x (1 + seed); layer 1's grows to 5 x step.
             record.update({"train/loss": loss + 0.1, "max_logit/layer_00": (10.0 if step == 20 else 3.0) * (1 + seed),
                            "max_logit/layer_01": 5.0 * step})
+            # the per-head keys beside them (head 0 holds the layer's max) and the other instruments
+            record.update({f"max_logit/layer_{layer:02d}/head_{head:02d}":
+                           record[f"max_logit/layer_{layer:02d}"] / (1 + head) for layer in (0, 1) for head in (0, 1, 2)})
+            record.update({f"attn_entropy/layer_{layer:02d}": 2.0 - 0.01 * step * (1 + layer) for layer in (0, 1)})
+            record.update({"noise_scale/b_simple": 100.0 + step, "noise_scale/batch_tokens": batch * BLOCK})
             if optimizer == "merit":
                 for layer in (0, 1):
                     name = f"transformer.h.{layer}.attn.c_attn.weight"
@@ -103,18 +108,21 @@ def test_report_defaults_the_target_to_the_worst_best_point(study):
     assert "## Steps and tokens to validation loss 2.600" in text  # adamw b16's mean
 
 
-def test_plot_writes_the_four_figures(study, tmp_path):
+def test_plot_writes_every_figure(study, tmp_path):
     out = tmp_path / "figures"
     result = cli("plot", study, "--out", out)
     assert result.returncode == 0 and "12 runs ->" in result.stdout
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["max_logit.png", "merit_diagnostics.png", "scaling.png", "val_loss.png"]
+    assert names == ["attn_entropy.png", "max_logit.png", "max_logit_heads.png", "merit_diagnostics.png",
+                     "noise_scale.png", "scaling.png", "val_loss.png"]
     for path in out.iterdir():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     # The per-layer averages behind the diagnostics figure.
     merit = next(r for r in find_runs([study]) if r.name == "merit_b16_lr0.01_s0")
     steps, clip = plot.per_layer(merit, "clip_fraction")[1]
     assert steps == [10, 20, 30, 40] and clip == pytest.approx([0.02, 0.03, 0.04, 0.05])
+    # The heatmaps' cells: layer 0 at step 20 is 10 (seed 0), layer 1 is 5 x 20; head h holds 1 / (1 + h) of it.
+    assert [v for row in plot.head_logits(merit, 20) for v in row] == pytest.approx([10.0, 5.0, 10 / 3, 100.0, 50.0, 100 / 3])
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
