@@ -17,12 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a torchrun worker script
-    sys.path.insert(0, str(ROOT))
+from training import distributed
+from training.noise_scale import GradientNoiseScale
 
-from training import distributed  # noqa: E402
-from training.noise_scale import GradientNoiseScale  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # (the torchrun workers below get it as their PYTHONPATH)
 
 D, OUT, SIGMA, MICRO = 10, 2, 1.0, 8
 

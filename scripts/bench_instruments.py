@@ -1,0 +1,93 @@
+"""What the instability instruments cost: a log step against an ordinary step, as a fraction of training.
+
+    python -m scripts.bench_instruments [--config configs/default.py] [--steps 20] [--set key=value ...]
+
+Trains the config's model (on random byte tokens in a temporary folder, so no data is needed) with
+one rank and two accumulation micro-steps (micro_batch_size = batch_size / 2: the noise scale is
+measured then), and times in this process, medians over --steps:
+
+* an ordinary step (``Trainer.train_step()``: no instrument runs, no host sync);
+* a measured step (``train_step(log_step=True)``: the gradient noise scale's norms, the update
+  statistics' weight copy and the optimizer's diagnostics), plus what ``log_train`` then computes:
+  the noise-scale estimate, the probe on the probe batch, the statistics' transfer to the host.
+
+Prints each part in ms and the instruments' overhead at the config's log_interval and at 10:
+(log-step extra) / (log_interval x ordinary step).
+"""
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.py")
+    parser.add_argument("--steps", type=int, default=20, help="timed repetitions of each part (median)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, as train.py's --key=value")
+    args = parser.parse_args(argv)
+
+    from configs import load_config
+    from data.shards import write_shard
+    from train import Trainer
+    from training.instruments import probe_record
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(0)
+        for split in ("train", "val"):
+            write_shard(Path(tmp) / f"{split}_000000.bin", rng.integers(0, 256, 2_000_000, dtype=np.uint16))
+        base = load_config(args.config, [f"--{item}" for item in args.set])
+        config = load_config(args.config, [f"--{item}" for item in args.set] + [
+            f"--data_dir={tmp}", f"--out_dir={tmp}/runs", "--tokenizer=byte", "--wandb_mode=disabled",
+            f"--micro_batch_size={max(1, base.batch_size // 2)}"])
+        trainer = Trainer(config)
+        try:
+            assert trainer.noise_scale is not None, "the noise scale needs accumulation: batch_size >= 2"
+            probe_batch = trainer.probe_batch.to(trainer.device)
+
+            def ordinary():
+                trainer.train_step()
+
+            def measured():
+                trainer.train_step(log_step=True)
+                trainer.noise_scale.estimate(trainer.ctx)
+                trainer.update_statistics.pop()
+                trainer.optimizer.pop_diagnostics()
+
+            def probe():
+                with trainer.autocast:
+                    probe_record(trainer.model, probe_batch)
+
+            step_ms = median_ms(ordinary, args.steps)
+            measured_ms = median_ms(measured, args.steps)
+            probe_ms = median_ms(probe, args.steps)
+        finally:
+            trainer.close()
+    m = trainer.model_config
+    extra = measured_ms - step_ms + probe_ms
+    print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}; "
+          f"batch {config.batch_size} = {config.micro_batch_size} x 2 micro-steps; probe batch {config.probe_batch_size}")
+    print(f"ordinary step {step_ms:.1f} ms; measured step {measured_ms:.1f} ms (+{measured_ms - step_ms:.1f}); "
+          f"probe {probe_ms:.1f} ms; a log step's instruments: {extra:.1f} ms = {extra / step_ms:.2f} steps")
+    for interval in sorted({config.log_interval, 10}):
+        print(f"overhead at log_interval {interval}: {100 * extra / (interval * step_ms):.2f}% of training time")
+
+
+if __name__ == "__main__":
+    main()
