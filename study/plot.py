@@ -144,12 +144,19 @@ def plot_head_logits(runs: list[Run], path: Path) -> bool:
         picked = sorted({steps[round(i * (len(steps) - 1) / max(SNAPSHOTS - 1, 1))] for i in range(SNAPSHOTS)})
         grids.append([(step, head_logits(run, step)) for step in picked])
     top = max(v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))
-    fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.6 * SNAPSHOTS + 1, 2.4 * len(panels)), squeeze=False)
-    for run, row, ax_row in zip(panels, grids, axes):
-        for ax, (step, grid) in zip(ax_row, row):
+    fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.6 * SNAPSHOTS + 1, 2.4 * len(panels)), squeeze=False,
+                             layout="constrained")
+    for r, (run, row, ax_row) in enumerate(zip(panels, grids, axes)):
+        for c, (ax, (step, grid)) in enumerate(zip(ax_row, row)):
             image = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=top)
-            ax.set(title=f"{run.label}, b{run.batch_size}, step {step}", xlabel="head", ylabel="layer")
-            ax.title.set_fontsize(7)
+            ax.set_title(f"{run.label}, batch {run.batch_size}, step {step}", fontsize=7)
+            ax.set_xticks(range(len(grid[0])))
+            ax.set_yticks(range(len(grid)))
+            ax.tick_params(labelsize=6)
+            if c == 0:
+                ax.set_ylabel("layer")
+            if r == len(panels) - 1:
+                ax.set_xlabel("head")
         for ax in ax_row[len(row):]:
             ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.8, label="max attention logit")
