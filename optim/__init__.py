@@ -25,9 +25,10 @@ from .merit import MERIT
 from .param_groups import param_groups
 from .protocol import TrainingHooks, TrainingLoop
 from .sophia import SophiaG
+from .zero import ZeroRedundancy
 
 __all__ = ["BACKENDS", "LAMB", "Lion", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "TrainingLoop", "adamw",
-           "available", "build", "check_options", "param_groups", "register", "resolve"]
+           "ZeroRedundancy", "available", "build", "check_options", "param_groups", "register", "resolve"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -67,7 +68,7 @@ def resolve(name: str, chosen: dict) -> dict[str, tuple[object, str]]:
 def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,
           betas: tuple[float, float] | None = None, eps: float | None = None,
           decay_embeddings: bool = False, batch_tokens: int | None = None, backend: str = "auto",
-          **options) -> torch.optim.Optimizer:
+          zero_redundancy: bool = False, **options) -> torch.optim.Optimizer:
     """Create optimizer ``name`` (case-insensitive).
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
@@ -77,7 +78,8 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     operations, one of ``BACKENDS`` (optim/backends/). ``options`` are optimizer-specific.
     ``batch_tokens`` (tokens per optimizer step) is context the training loop supplies to every
     optimizer: it is passed to the factories whose signature takes it (e.g. Sophia-G's Hessian
-    scale, which then requires it) and ignored by the others.
+    scale, which then requires it) and ignored by the others. ``zero_redundancy``: ZeRO-1, each
+    rank keeps the state of its share of whole parameters (optim/zero.py; needs a process group).
     """
     key = name.lower()
     check_options(key, options)
@@ -95,6 +97,8 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
         kwargs["eps"] = eps
     if "batch_tokens" in inspect.signature(factory).parameters:
         kwargs["batch_tokens"] = batch_tokens
+    if zero_redundancy:
+        return ZeroRedundancy(list(params), factory, **kwargs)
     optimizer = factory(params, **kwargs)
     if not isinstance(optimizer, TrainingHooks):  # the training loop relies on the protocol
         raise TypeError(f"optimizer {key!r} builds a {type(optimizer).__name__}, which does not implement "

@@ -8,9 +8,13 @@ A subclass holds its math, options and diagnostics only:
   param group's own values);
 * ``init_state(p)`` returns a new parameter's state (a float32 0-d "step" entry is counted up
   before each update);
-* ``update(p, state, group, index, skip)`` steps one parameter whose ``.grad`` is set, through
-  the fused operations of ``self.implementation(group, *tensors)`` (optim/backends/), passing
-  them ``skip``;
+* ``update(p, grad, state, group, index, skip, shards)`` steps one parameter, through the fused
+  operations of ``self.implementation(group, *tensors, shards=shards)`` (optim/backends/),
+  passing them ``skip``. p, grad and the state tensors are this rank's: the whole tensors, or,
+  for a parameter FSDP2 shards by rows, the local rows, with ``shards`` (optim/sharding.py) the
+  ranks that hold the others (None for a whole tensor); ``implementation`` then completes the
+  trust ratios' reductions across them, and a diagnostic over the whole tensor uses
+  ``sharding.total``;
 * ``reduces_rows_cols(p, group)``: whether p's operations reduce per row and column (MERIT);
 * ``USES_FUSED_OPERATIONS = False`` for an update written in plain torch (then ``backends()``
   reports "torch", no kernels are prepared, and ``skip`` is always None).
@@ -26,7 +30,7 @@ Hyper-parameters are checked here: lr >= 0, betas in [0, 1), eps >= 0 and weight
 import torch
 from torch import Tensor
 
-from . import backends
+from . import backends, sharding
 from .protocol import TrainingHooks
 
 
@@ -109,7 +113,9 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
                 state = self.state_of(p)
                 if "step" in state:
                     state["step"] = _counted(state["step"], skip)
-                self.update(p, state, group, index, skip)
+                local_state = {key: sharding.local(value) for key, value in state.items()}
+                self.update(sharding.local(p), sharding.local(p.grad), local_state, group, index, skip,
+                            sharding.Shards.of(p))
         return loss
 
     def state_of(self, p: Tensor) -> dict:
@@ -122,15 +128,18 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
     def init_state(self, p: Tensor) -> dict:
         raise NotImplementedError
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
         raise NotImplementedError
 
     def reduces_rows_cols(self, p: Tensor, group: dict) -> bool:
         return False
 
-    def implementation(self, group: dict, *tensors: Tensor) -> backends.Backend:
-        """The backend that runs the fused operations on ``tensors`` (p first) of ``group``."""
-        return backends.select(self.backend, list(tensors), matrix=self.reduces_rows_cols(tensors[0], group))
+    def implementation(self, group: dict, *tensors: Tensor, shards: sharding.Shards | None = None) -> backends.Backend:
+        """The backend that runs the fused operations on ``tensors`` (p first) of ``group``; with
+        ``shards``, on p's local rows, its ratios completed over the ranks."""
+        ops = backends.select(self.backend, list(tensors), matrix=self.reduces_rows_cols(tensors[0], group))
+        return sharding.completed(ops, shards)
 
     def backends(self) -> dict[str, str]:
         """Per group, the backend that steps its tensors (gradients and state laid out like their
@@ -139,7 +148,7 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
             return super().backends()
         summary = {}
         for i, group in enumerate(self.param_groups):
-            names = [self.implementation(group, p).NAME for p in group["params"]]
+            names = [self.implementation(group, sharding.local(p)).NAME for p in group["params"]]
             counts = {name: names.count(name) for name in dict.fromkeys(names)}
             summary[f"group{i}"] = (next(iter(counts)) if len(counts) == 1 else
                                     ", ".join(f"{name} x{n}" for name, n in counts.items()) or "none")

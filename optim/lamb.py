@@ -5,6 +5,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import sharding
 from .base import Optimizer, step_counter, zeros_like
 
 _MAX_WEIGHT_NORM = 10.0
@@ -39,7 +40,8 @@ class LAMB(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"step": step_counter(), "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
         (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
         scales = {}
         if group["bias_correction"]:
@@ -47,12 +49,12 @@ class LAMB(Optimizer):
             step = state["step"].item()
             scales = {"m_scale": 1 / (1 - beta1 ** step), "v_scale": 1 / math.sqrt(1 - beta2 ** step)}
         use_ratio = group["weight_decay"] != 0 or not group["ratio_only_with_decay"]
-        ops = self.implementation(group, p, p.grad, m, v)
-        ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
+        ops = self.implementation(group, p, grad, m, v, shards=shards)
+        ratios = ops.moments_and_ratios(p, grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
                                         wd=group["weight_decay"], reduce="tensor" if use_ratio else "none", l2=True,
                                         max_p_norm=_MAX_WEIGHT_NORM, skip=skip, **scales)
         trust = ratios[0] if use_ratio else None  # None: ratio 1
-        ops.apply_update(p, p.grad, trust, None, lr=group["lr"], clip=False, count=False, skip=skip)
+        ops.apply_update(p, grad, trust, None, lr=group["lr"], clip=False, count=False, skip=skip)
         if self.diagnostics_requested:
             one = torch.ones((), device=p.device)
             self.record_diagnostics(group, index, trust_ratio=one if trust is None else trust.nan_to_num(nan=1.0))

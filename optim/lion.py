@@ -9,6 +9,7 @@ One sweep per tensor: the fused ``lion_step`` of optim/backends/.
 """
 from torch import Tensor
 
+from . import sharding
 from .base import Optimizer, zeros_like
 
 
@@ -28,7 +29,8 @@ class Lion(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"exp_avg": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
         (beta1, beta2), m = group["betas"], state["exp_avg"]
-        self.implementation(group, p, p.grad, m).lion_step(p, p.grad, m, lr=group["lr"], wd=group["weight_decay"],
-                                                            beta1=beta1, beta2=beta2, skip=skip)
+        self.implementation(group, p, grad, m, shards=shards).lion_step(
+            p, grad, m, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, beta2=beta2, skip=skip)

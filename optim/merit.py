@@ -7,6 +7,7 @@ Per tensor, two fused passes (optim/backends/):
 import torch
 from torch import Tensor
 
+from . import sharding
 from .base import Optimizer, step_counter, zeros_like
 
 
@@ -66,11 +67,12 @@ class MERIT(Optimizer):
     def reduces_rows_cols(self, p: Tensor, group: dict) -> bool:
         return p.ndim >= 2 and not group["maxlamb"]
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
         elementwise = self.reduces_rows_cols(p, group)
         (beta1, beta2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
-        ops = self.implementation(group, p, p.grad, m, v)
-        ratios = ops.moments_and_ratios(p, p.grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
+        ops = self.implementation(group, p, grad, m, v, shards=shards)
+        ratios = ops.moments_and_ratios(p, grad, m, v, beta1=beta1, beta2=beta2, eps=group["eps"],
                                         wd=group["weight_decay"], reduce="rows_cols" if elementwise else "tensor",
                                         l2=group["norm"] == "l2", skip=skip)
         if elementwise:
@@ -82,11 +84,14 @@ class MERIT(Optimizer):
         else:
             (rows,), cols = ratios, None
         diagnose = self.diagnostics_requested
-        clipped = ops.apply_update(p, p.grad, rows, cols, lr=group["lr"], count=diagnose,
+        clipped = ops.apply_update(p, grad, rows, cols, lr=group["lr"], count=diagnose,
                                    clip=group["elementwise_clip"] and not group["maxlamb"], skip=skip)
         if diagnose:
-            self.record_diagnostics(group, index, **_trust_ratio_stats(rows, cols, p.numel()),
-                                    clip_fraction=clipped / p.numel())
+            numel = p.numel() if shards is None else shards.numel
+            if shards is not None and cols is not None:
+                rows = shards.gather_rows(rows)  # the statistics are over the whole tensor's s
+            self.record_diagnostics(group, index, **_trust_ratio_stats(rows, cols, numel),
+                                    clip_fraction=sharding.total(clipped, shards) / numel)
 
 
 def _trust_ratio_stats(rows: Tensor, cols: Tensor | None, numel: int) -> dict[str, Tensor]:

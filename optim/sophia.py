@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import sharding
 from .base import Optimizer, step_counter, zeros_like
 from .protocol import LossFn, TrainingLoop
 
@@ -58,14 +59,19 @@ class SophiaG(Optimizer):
     def init_state(self, p: Tensor) -> dict:
         return {"step": step_counter(), "exp_avg": zeros_like(p), "hessian": zeros_like(p)}
 
-    def update(self, p: Tensor, state: dict, group: dict, index: int, skip: Tensor | None) -> None:
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
         (beta1, _), m, h = group["betas"], state["exp_avg"], state["hessian"]
         scale = group["rho"] * self.batch_tokens
-        self.implementation(group, p, p.grad, m, h).sophia_step(
-            p, p.grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"],
+        self.implementation(group, p, grad, m, h, shards=shards).sophia_step(
+            p, grad, m, h, lr=group["lr"], wd=group["weight_decay"], beta1=beta1, scale=scale, eps=group["eps"],
             skip=skip)
         if self.diagnostics_requested:
-            self.record_diagnostics(group, index, win_rate=(m.abs() < h * scale).float().mean(), hessian_norm=h.norm())
+            # Over the whole tensor: sums of the local rows' counts and squares.
+            numel = p.numel() if shards is None else shards.numel
+            won = sharding.total((m.abs() < h * scale).sum(), shards)
+            self.record_diagnostics(group, index, win_rate=won / numel,
+                                    hessian_norm=sharding.total(h.square().sum(), shards).sqrt())
 
     def hessian_due(self, step: int) -> bool:
         """Whether the Hessian estimate is refreshed after optimizer step ``step`` (1-based)."""

@@ -33,8 +33,9 @@ class Signum(optim.Optimizer):
     def init_state(self, p: torch.Tensor) -> dict:
         return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p)}
 
-    def update(self, p: torch.Tensor, state: dict, group: dict, index: int, skip: torch.Tensor | None) -> None:
-        m = state["exp_avg"].lerp_(p.grad, 1 - group["betas"][0])
+    def update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, index: int,
+               skip: torch.Tensor | None, shards) -> None:
+        m = state["exp_avg"].lerp_(grad, 1 - group["betas"][0])
         p.mul_(1 - group["lr"] * group["weight_decay"]).add_(m.sign(), alpha=-group["lr"])
         if self.diagnostics_requested:
             self.record_diagnostics(group, index, positive_fraction=(m > 0).float().mean())

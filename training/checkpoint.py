@@ -4,19 +4,32 @@
 validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
 export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
 below plus ``format_version``; older files (version 1 before ``optim_backends`` and
-``train_window``, version 2 before ``noise_scale``) are read as well.
+``train_window``, version 2 before ``noise_scale``, version 3 before ``tensors``) are read as well.
 
-In a run folder (``save_in``, ``load_latest``) each checkpoint is ``ckpt_<step>.pt``; ``ckpt.pt``,
-a link to the newest, is the latest pointer, switched atomically once the new file is complete;
-then all but the newest ``keep`` and every ``permanent_interval``-th are removed. Readers that
-take ``RUN/ckpt.pt`` get the newest.
+Two layouts, one format:
+
+* inline (``ckpt_<step>.pt``): one file holds everything, the model and optimizer state dicts
+  whole (one process, DDP, and ZeRO-1, whose state is consolidated on rank 0 first);
+* sharded (``ckpt_<step>.dcp/``, FSDP2): a folder in which every rank wrote its shards of the
+  model and of the optimizer state with ``torch.distributed.checkpoint`` (DCP), and rank 0 the
+  ``Checkpoint`` as ``checkpoint.pt`` with the optimizer's param groups (``tensors="dcp"``). DCP
+  reshards on load, so it resumes on any number of ranks, FSDP2 or one process. Only tensors go
+  into DCP files (DCP unpickles any other value without weights_only), and DCP's metadata is
+  read by an unpickler that builds nothing but DCP's own metadata classes.
+
+In a run folder (``save_in``, ``save_sharded_in``, ``load_latest``) ``ckpt.pt``, a link to the
+newest checkpoint, is the latest pointer, switched atomically once the new one is complete; then
+all but the newest ``keep`` and every ``permanent_interval``-th are removed. Readers that take
+``RUN/ckpt.pt`` get the newest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import re
+import shutil
 import subprocess
 import uuid
 import warnings
@@ -24,15 +37,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
-from atomic import atomic_write
+from atomic import atomic_write, publish
 from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
-_NUMBERED = re.compile(r"ckpt_(\d{8,})\.pt")
-FORMAT_VERSION = 3
+SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Checkpoint beside the DCP files
+_NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
+FORMAT_VERSION = 4
 # Fields a version lacks, with the value its files are read with.
-_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}}
+_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"}}
 
 
 def code_version() -> str:
@@ -62,6 +82,9 @@ class Checkpoint:
     optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
     noise_scale: dict = field(default_factory=dict)  # GradientNoiseScale.state_dict(): its EMAs
+    # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
+    # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
+    tensors: str = "inline"
 
     @classmethod
     def of_model(cls, model: GPT, tokenizer: str, step: int = 0, tokens: int = 0) -> Checkpoint:
@@ -80,14 +103,16 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path, map_location="cpu") -> Checkpoint:
-        """The checkpoint at ``path``; a clear error if it is missing, unreadable, of another
-        version or lacks a field."""
+        """The checkpoint at ``path`` (a file, or a sharded checkpoint's folder: its tensors stay
+        in the DCP files until ``build_model`` or ``load_sharded_state``); a clear error if it is
+        missing, unreadable, of another version or lacks a field."""
         path = Path(path)
-        if not path.is_file():
+        file = path / SHARDED_CHECKPOINT if path.is_dir() else path
+        if not file.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: give the path of a checkpoint train.py wrote "
                                     f"(RUN/{CHECKPOINT_NAME} is the newest of a run)")
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(file, map_location=map_location, weights_only=True)
         except Exception as e:  # a truncated or foreign file
             raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoMERIT "
                              f"checkpoint") from e
@@ -101,6 +126,9 @@ class Checkpoint:
         if missing or unknown:
             raise ValueError(f"checkpoint {path} does not have the fields of format version {version} "
                              f"(missing {missing}, unknown {unknown})")
+        if (state["tensors"] == "dcp") != path.is_dir():
+            raise ValueError(f"checkpoint {path} is corrupt: its tensors are {state['tensors']!r}, but it is a "
+                             f"{'folder' if path.is_dir() else 'file'}")
         return cls(**state)
 
     def check_compatible(self, model_args: dict, config: dict, path: Path) -> None:
@@ -121,7 +149,10 @@ class Checkpoint:
         except TypeError as e:
             raise ValueError(f"checkpoint {path} has model_args this code does not know ({e})") from e
         model = GPT(config)
-        model.load_state_dict(self.model)
+        if self.tensors == "dcp":
+            load_sharded_state(path, self, model)
+        else:
+            model.load_state_dict(self.model)
         return model.eval()
 
 
@@ -138,7 +169,7 @@ def _tensors(value):
 
 
 def numbered(run_dir: Path) -> list[Path]:
-    """The run folder's checkpoint files, oldest first."""
+    """The run folder's checkpoints (files and sharded folders), oldest first."""
     found = [p for p in Path(run_dir).iterdir() if _NUMBERED.fullmatch(p.name)] if Path(run_dir).is_dir() else []
     return sorted(found, key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
 
@@ -147,15 +178,66 @@ def save_in(run_dir: Path, checkpoint: Checkpoint, keep: int, permanent_interval
     """Write ``checkpoint`` as run_dir/ckpt_<step>.pt, point ckpt.pt at it, prune the old ones."""
     path = run_dir / f"ckpt_{checkpoint.step:08d}.pt"
     checkpoint.save(path)
+    _make_latest(run_dir, path, keep, permanent_interval)
+    return path
+
+
+def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, step: int, keep: int, permanent_interval: int = 0) -> Path:
+    """Every rank: write this rank's shards of ``model`` and ``optimizer`` (FSDP2) into
+    run_dir/ckpt_<step>.dcp/ with DCP; rank 0, which passes ``checkpoint`` (None elsewhere),
+    adds the checkpoint, publishes the folder, points ckpt.pt at it and prunes the old ones."""
+    path = run_dir / f"ckpt_{step:08d}.dcp"
+    partial = run_dir / f".{path.name}.partial"  # one name every rank knows; only ever complete when renamed
+    if checkpoint is not None:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier save
+        partial.mkdir()
+    _barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    # Returns once every rank's files and the metadata are written (and fsynced).
+    dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, checkpoint_id=partial)
+    if checkpoint is not None:
+        checkpoint = dataclasses.replace(checkpoint, model={}, optimizer={"param_groups": optimizer_state["param_groups"]},
+                                         tensors="dcp")
+        checkpoint.save(partial / SHARDED_CHECKPOINT)
+        if path.exists():  # a step saved again (a resumed run that stopped at the same step)
+            shutil.rmtree(path)
+        publish(partial, path)
+        _make_latest(run_dir, path, keep, permanent_interval)
+    _barrier()
+    return path
+
+
+def load_sharded_state(path: Path, checkpoint: Checkpoint, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Load a sharded checkpoint's model (and optimizer) state into ``model`` (``optimizer``), on
+    any number of ranks: FSDP2-sharded, DDP-replicated or one plain process (every rank calls it)."""
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+    else:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state["state"]}
+    try:
+        dcp.load(state, storage_reader=_MetadataCheckedReader(path))
+    except Exception as e:  # a missing shard file, a truncated one, another model
+        raise ValueError(f"checkpoint {path}: its DCP files cannot be loaded ({e}); it is corrupt or of "
+                         f"another model") from e
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict={"state": state["optimizer"], **checkpoint.optimizer})
+
+
+def _make_latest(run_dir: Path, path: Path, keep: int, permanent_interval: int) -> None:
+    """Point ckpt.pt at the complete checkpoint ``path``, then remove the old ones."""
     link = run_dir / f".{CHECKPOINT_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     os.symlink(path.name, link)
-    os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete file
-    files = numbered(run_dir)
-    for old in files[:-keep]:
+    os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete checkpoint
+    for old in numbered(run_dir)[:-keep]:
         step = int(_NUMBERED.fullmatch(old.name).group(1))
         if not (permanent_interval and step % permanent_interval == 0):
-            old.unlink()
-    return path
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Checkpoint, Path]:
@@ -183,3 +265,37 @@ def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)
     return model, checkpoint
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class _MetadataCheckedReader(FileSystemReader):
+    """DCP's file reader, whose metadata (a pickle) is read by an unpickler that builds DCP's
+    metadata classes, torch sizes, dtypes and layouts, and nothing else."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as file:
+            metadata = _MetadataUnpickler(file).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    _MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    _NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+              ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+    def find_class(self, module: str, name: str):
+        # Decided before anything is imported or looked up.
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module in self._MODULES or (module, name) in self._NAMES or dtype:
+            found = super().find_class(module, name)
+            if module not in self._MODULES or isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"a DCP checkpoint's metadata names {module}.{name}, which is not DCP "
+                                     f"metadata: refusing to load it")

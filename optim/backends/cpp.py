@@ -69,8 +69,12 @@ def _build() -> Exception | None:
     start = time.perf_counter()
     try:
         _put_pip_ninja_on_path()
+        # -ffp-contract=off: no fused multiply-adds, so an element's result does not depend on
+        # whether it falls in a vectorised loop body or in its scalar peel or tail, which move with
+        # the tensor's address and length: a row shard (FSDP2) steps bitwise like the whole tensor.
         cpp_extension.load(name, [str(s) for s in _SOURCES], is_python_module=False,
-                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", *flags], extra_ldflags=["-fopenmp"])
+                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", *flags],
+                           extra_ldflags=["-fopenmp"])
     except Exception as error:  # no compiler, no ninja, a read-only cache, ...
         return error
     print(f"optim: C++ kernels {name} built or loaded in {time.perf_counter() - start:.1f} s",

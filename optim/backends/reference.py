@@ -50,11 +50,11 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
         return ()
     norm = functools.partial(torch.linalg.vector_norm, ord=2 if l2 else math.inf)
     if reduce == "tensor":
-        return (_ratio(norm(p), norm(u), max_p_norm),)
+        return (ratio(norm(p), norm(u), max_p_norm),)
     p_rows, u_rows = norm(p, dim=1, keepdim=True), norm(u, dim=1, keepdim=True)
-    return (_ratio(p_rows, u_rows, max_p_norm),
-            _ratio(norm(p, dim=0, keepdim=True), norm(u, dim=0, keepdim=True), max_p_norm),
-            _ratio(norm(p_rows), norm(u_rows), max_p_norm))  # the whole tensor's norms from its rows'
+    return (ratio(p_rows, u_rows, max_p_norm),
+            ratio(norm(p, dim=0, keepdim=True), norm(u, dim=0, keepdim=True), max_p_norm),
+            ratio(norm(p_rows), norm(u_rows), max_p_norm))  # the whole tensor's norms from its rows'
 
 
 def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
@@ -119,7 +119,7 @@ def _commit(t: Tensor, new: Tensor, skip: Tensor | None) -> None:
         torch.where(skip == 0, new, t, out=t)
 
 
-def _ratio(p_norm: Tensor, u_norm: Tensor, max_p_norm: float) -> Tensor:
+def ratio(p_norm: Tensor, u_norm: Tensor, max_p_norm: float) -> Tensor:
     """min(p_norm, max_p_norm) / u_norm, NaN where either is 0; an overflow (finite / denormal)
     becomes the largest finite value, so that a zero element of u still gets a zero update."""
     p_norm = p_norm.clamp(max=max_p_norm)
