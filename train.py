@@ -2,6 +2,7 @@
 
     python train.py configs/default.py                    # one process (CPU or one GPU)
     torchrun --nproc_per_node=8 train.py configs/X.py     # DDP: NCCL on GPUs, gloo on CPUs
+    torchrun ... train.py configs/X.py --zero_stage=1     # optimizer state sharded (ZeRO-1), or --fsdp (FSDP2)
     python train.py configs/X.py --lr=3e-4 --resume       # overrides are Python literals
 
 The config gives the GLOBAL batch; gradient accumulation follows from the micro-batch and the
@@ -18,7 +19,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import optim
@@ -28,12 +28,13 @@ from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
-from training import distributed, run_folder
-from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, save_in
+from training import distributed, memory, run_folder
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, load_sharded_state, save_in, save_sharded_in
 from training.instruments import UpdateStatistics, is_layer_key, probe_record
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.noise_scale import GradientNoiseScale, gpt_groups
 from training.nonfinite import NonFiniteError, NonFiniteSteps
+from training.parallel import Layout
 from training.schedule import learning_rate
 
 
@@ -62,13 +63,14 @@ class Trainer:
         self.seed = config.seed
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
+        self.layout = Layout.of(config.zero_stage, config.fsdp, self.ctx)
         self.run_dir = Path(config.out_dir) / config.run_name
         # Every input is checked before anything is written: the run folder is made in train().
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
         verify_manifest(config.data_dir, config.tokenizer)
         self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
 
-        dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = dtype = resolve_dtype(config.dtype, self.device)
         self.autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext())
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=dtype == torch.float16)
 
@@ -76,15 +78,19 @@ class Trainer:
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model_config = config.model_config(self.tokenizer.n_vocab)
         self.model = GPT(self.model_config).to(self.device)
+        self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = optim.build(
             config.optimizer, self.model, **config.optimizer_hyperparameters(), decay_embeddings=config.decay_embeddings,
-            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend)
+            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
+            zero_redundancy=self.layout.strategy == "zero1")
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
-        self.update_statistics = UpdateStatistics(self.model)
+        self.update_statistics = UpdateStatistics(self.model, gather=self.layout.full_tensor)
+        # (Not under FSDP2: a rank never holds a whole micro-batch gradient there.)
         self.noise_scale = (GradientNoiseScale(gpt_groups(self.model), config.micro_batch_size * self.model_config.block_size,
                                                self.grad_accum, self.ctx.world_size, config.noise_scale_ema)
-                            if GradientNoiseScale.possible(self.grad_accum, self.ctx.world_size) else None)
+                            if GradientNoiseScale.possible(self.grad_accum, self.ctx.world_size)
+                            and not self.layout.shards_parameters else None)
 
         block = self.model_config.block_size
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
@@ -116,12 +122,9 @@ class Trainer:
                 raise ValueError(f"the checkpoint in {self.run_dir} is at step {self.step}, past this config's "
                                  f"{self.total_steps} steps: raise max_steps (or max_tokens) to continue the run")
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
-        self.train_model = torch.compile(self.model) if config.compile else self.model
-        if self.ctx.enabled:
-            self.train_model = DDP(self.train_model, device_ids=[self.ctx.local_rank] if self.device.type == "cuda"
-                                   else None)
-            if self.noise_scale and self.noise_scale.in_comm_hook:
-                self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
+        self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
+        if self.noise_scale and self.noise_scale.in_comm_hook:
+            self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -145,6 +148,7 @@ class Trainer:
                         dynamic_ncols=True)
         interval_start, interval_steps = time.perf_counter(), 0
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
+        first_step = self.step
         if self.step == 0:
             self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
         while self.step < last_step:
@@ -156,6 +160,9 @@ class Trainer:
             interval_steps += 1
             self.optimizer.after_step(self.step, self)
             progress.update()
+            if self.step == first_step + 1 and ctx.is_main:  # the optimizer state exists from the first step on
+                tqdm.write(f"memory of rank 0 ({self.layout.strategy}, MiB): " + ", ".join(
+                    f"{key.removeprefix('memory/')} {value:.1f}" for key, value in self.memory_report().items()))
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
@@ -177,9 +184,9 @@ class Trainer:
                 tqdm.write(f"rank {ctx.rank}: SIGTERM received, saved step {self.step}, exiting")
                 break
         progress.close()
+        if self.step == self.total_steps:
+            self.summarize()
         if ctx.is_main:
-            if self.step == self.total_steps:
-                self.summarize()
             self.metrics.close()
 
     def train_step(self, log_step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,12 +203,15 @@ class Trainer:
         z_loss = self.config.z_loss
         total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
                                            measure=log_step and self.noise_scale is not None)
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
+        # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
+        self.grad_norm = self.layout.full_tensor(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
         self.nonfinite.record(self.step + 1, finite)
-        diagnose = log_step and self.ctx.is_main
+        # Replicated state: the main rank measures. Sharded: every rank, for the ranks' shares.
+        diagnose = log_step and (self.ctx.is_main or self.layout.shards_optimizer_state)
         if diagnose:
             self.optimizer.request_diagnostics()
         with self.update_statistics.measured() if diagnose else nullcontext():
@@ -221,8 +231,7 @@ class Trainer:
         skipped = self.nonfinite.check(self._last_good())
         if skipped and self.ctx.is_main:
             tqdm.write(skipped)
-        norms = torch._foreach_norm([p.detach() for p in self.model.parameters()])
-        if not torch.stack(norms).isfinite().all():
+        if not self.layout.all_finite(p.detach() for p in self.model.parameters()):
             raise NonFiniteError(f"the parameters are not finite at step {self.step}: stopping without saving. "
                                  f"{self._last_good()}")
 
@@ -242,10 +251,9 @@ class Trainer:
         for micro_step in range(self.grad_accum):
             offset = self.train_loader.next_offset
             x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
-            # Gradients are all-reduced only on the last micro-step (DDP's no_sync on the others).
+            # Gradients are reduced across the ranks only on the last micro-step.
             last = micro_step == self.grad_accum - 1
-            sync = nullcontext() if last or not self.ctx.enabled else self.train_model.no_sync()
-            with sync, self.autocast:
+            with self.layout.gradient_sync(self.train_model, last), self.autocast:
                 loss = loss_fn(self.train_model, x, y, offset) / self.grad_accum
             self.scaler.scale(loss).backward()
             total_loss += loss.detach()
@@ -269,6 +277,9 @@ class Trainer:
         self.check_finite()  # at a log step the loop syncs anyway
         loss = distributed.all_reduce_mean(mean_loss.clone(), self.ctx).item()
         noise_scale = self.noise_scale.estimate(self.ctx) if self.noise_scale else {}
+        diagnostics = self.optimizer.pop_diagnostics()  # (ZeRO-1: gathered from the ranks that own the state)
+        update_statistics = self.update_statistics.pop()
+        probe_model = self.layout.plain_model(self.model)  # (FSDP2: gathered, a collective)
         if not self.ctx.is_main:
             return
         tokens_per_s = steps * self.tokens_per_step / elapsed
@@ -276,14 +287,15 @@ class Trainer:
                   "grad_norm": self.grad_norm.item(), "tokens_per_s": tokens_per_s}
         if self.config.nonfinite == "skip":
             record["skipped_steps"] = self.nonfinite.skipped
-        record.update(self.optimizer.pop_diagnostics())
-        record.update(self.update_statistics.pop())
+        record.update(diagnostics)
+        record.update(update_statistics)
         record.update(noise_scale)
+        record.update(self.memory_report())
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
             record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
         with self.autocast:
-            probed = probe_record(self.model, self.probe_batch.to(self.device))
+            probed = probe_record(probe_model, self.probe_batch.to(self.device))
         record.update(probed)
         progress.set_postfix(loss=f"{loss:.4f}", max_logit=f"{max(v for k, v in probed.items() if is_layer_key(k, 'max_logit')):.1f}")
         self.log(record)
@@ -312,18 +324,28 @@ class Trainer:
                 tqdm.write("  max attention logit per layer: " + " ".join(
                     f"{record[k]:.2f}" for k in sorted(record) if is_layer_key(k, "max_logit")))
 
+    def memory_report(self) -> dict[str, float]:
+        """This rank's memory (MiB): parameters, gradients, optimizer state, an activation estimate
+        and the measured peak (training/memory.py)."""
+        return memory.report(self.model, self.optimizer, strategy=self.layout.strategy,
+                             micro_batch=self.config.micro_batch_size, compute_dtype=self.dtype, device=self.device)
+
     def summarize(self):
+        """The final numbers and a sample (every rank calls it: FSDP2 gathers the model)."""
+        sampler = self.layout.plain_model(self.model) if self.config.sample_tokens else None
+        if not self.ctx.is_main:
+            return
         max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if is_layer_key(k, "max_logit")]
         print(f"finished {self.step} steps ({self.step * self.tokens_per_step:,} tokens): "
               f"val loss {self.latest['val/loss']:.4f}, max attention logit per layer {' '.join(max_logits)}")
-        if self.config.sample_tokens:
-            print(f"sample:\n{self.sample(self.config.sample_tokens)}")
+        if sampler is not None:
+            print(f"sample:\n{self.sample(sampler, self.config.sample_tokens)}")
 
-    def sample(self, max_new_tokens: int) -> str:
+    def sample(self, model: GPT, max_new_tokens: int) -> str:
         start = torch.tensor([[self.tokenizer.eot_token]], device=self.device)
         generator = torch.Generator(self.device).manual_seed(self.config.seed)
         with self.autocast:
-            out = self.model.generate(start, max_new_tokens, temperature=0.8, top_k=200, generator=generator,
+            out = model.generate(start, max_new_tokens, temperature=0.8, top_k=200, generator=generator,
                                       n_vocab=self.tokenizer.n_vocab)
         return self.tokenizer.decode(out[0, 1:].tolist())
 
@@ -334,7 +356,7 @@ class Trainer:
         print(f"optimizer {c.optimizer} lr {c.lr} -> {c.min_lr} ({c.lr_schedule}, warmup {self.warmup_steps}); "
               f"global batch {c.batch_size} x {m.block_size} tokens = micro {c.micro_batch_size} x "
               f"{self.ctx.world_size} ranks x {self.grad_accum} accumulation; {self.total_steps} steps "
-              f"on {self.device}")
+              f"on {self.device} ({self.layout.strategy})")
         print(f"optimizer {c.optimizer} hyper-parameters: " + ", ".join(
             f"{key} {value} ({source})" for key, (value, source) in self.optimizer_settings.items()))
         print(f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{self.optimizer.describe()}")
@@ -346,15 +368,24 @@ class Trainer:
                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
         loss_sums = distributed.all_gather_objects(self.loss_window.cpu(), self.ctx)
+        sharded = self.layout.shards_parameters  # FSDP2: each rank writes its shards (DCP)
+        # ZeRO-1: the ranks' state consolidated on rank 0, in the plain optimizer's format.
+        optimizer_state = ({} if sharded else self.optimizer.consolidated_state_dict()
+                           if self.layout.strategy == "zero1" else self.optimizer.state_dict())
+        checkpoint = None
         if self.ctx.is_main:
             checkpoint = Checkpoint(
-                model=self.model.state_dict(), model_args=vars(self.model_config).copy(),
-                optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(), step=self.step,
+                model={} if sharded else self.model.state_dict(), model_args=vars(self.model_config).copy(),
+                optimizer=optimizer_state, scaler=self.scaler.state_dict(), step=self.step,
                 tokens=self.step * self.tokens_per_step, rng=rng_per_rank, train_loader=self.train_loader.state_dict(),
                 config=self.config.to_dict(), optim_backends=self.optimizer.backends(),
                 train_window={"steps": int(self.window_steps), "loss_sums": loss_sums},
                 noise_scale=self.noise_scale.state_dict() if self.noise_scale else {})
-            save_in(self.run_dir, checkpoint, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
+        keep, permanent = self.config.keep_checkpoints, self.config.permanent_checkpoint_interval
+        if sharded:
+            save_sharded_in(self.run_dir, checkpoint, self.model, self.optimizer, self.step, keep, permanent)
+        elif checkpoint is not None:
+            save_in(self.run_dir, checkpoint, keep, permanent)
         distributed.barrier(self.ctx)
         self.last_checkpoint_step = self.step
 
@@ -364,7 +395,7 @@ class Trainer:
         from eval import evaluate
         from eval.scorer import Scorer
         from eval.tasks import resolve
-        scorer = Scorer(self.model, self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
+        scorer = Scorer(self.layout.plain_model(self.model, on_every_rank=True), self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
                         show_progress=False)
         output = evaluate(scorer, resolve(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
                           limit=self.config.zero_shot_limit, rank=self.ctx.rank, world_size=self.ctx.world_size,
@@ -377,8 +408,17 @@ class Trainer:
     def restore(self):
         state, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
         state.check_compatible(vars(self.model_config), self.config.to_dict(), path)
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        if state.tensors == "dcp":  # DCP reshards: FSDP2 on any number of ranks, DDP or one process
+            if self.layout.strategy == "zero1":
+                raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with fsdp=True, "
+                                 f"or with zero_stage=0")
+            load_sharded_state(path, state, self.model, self.optimizer)
+        elif self.layout.shards_parameters:
+            raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
+                             f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
+        else:  # (ZeRO-1 takes the whole optimizer state and keeps its partition's share)
+            self.model.load_state_dict(state.model)
+            self.optimizer.load_state_dict(state.optimizer)
         self.scaler.load_state_dict(state.scaler)
         self.train_loader.load_state_dict(state.train_loader)
         self.step = self.last_checkpoint_step = state.step

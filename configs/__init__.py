@@ -111,6 +111,9 @@ class TrainConfig:
     device: str = "auto"  # "auto", "cpu", "cuda"
     dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
     compile: bool = False
+    # --- scale-out (training/parallel.py; README, "Scaling out"): DDP by default on several ranks ---
+    zero_stage: int = 0  # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
+    fsdp: bool = False  # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
     peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
 
     def __post_init__(self):
@@ -155,6 +158,12 @@ class TrainConfig:
         _check(self.device != "cuda" or torch.cuda.is_available(),
                "device='cuda', but this torch sees no CUDA device: use device='auto' or 'cpu', or install a "
                "CUDA build of torch")
+        _check(self.zero_stage in (0, 1), f"zero_stage={self.zero_stage}: use 0 (replicated optimizer state) or 1 "
+               f"(ZeRO-1: sharded optimizer state); for sharded parameters and gradients too use fsdp=True")
+        _check(not (self.fsdp and self.zero_stage), "fsdp=True already shards the optimizer state (with the "
+               "parameters): set zero_stage=0 with it, or use zero_stage=1 without fsdp")
+        _check(not (self.fsdp and self.dtype == "float16"), "fsdp=True with dtype='float16': FSDP2's mixed precision "
+               "here is bfloat16 (no loss scaling of sharded gradients): use dtype='bfloat16' or 'float32'")
         try:
             optim.check_options(self.optimizer, self.optimizer_options)
         except (TypeError, ValueError) as error:

@@ -44,6 +44,15 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
 
         super().__init__(params, optimizer_class=local_optimizer, **defaults)
 
+    @staticmethod
+    def _sync_param_groups(src_param_groups: list[dict], dst_param_groups: list[dict]) -> None:
+        # ZeroRedundancyOptimizer copies every key but "params" between the whole groups and this
+        # rank's (lr before a step, loaded hyper-parameters); "names" lists a group's own
+        # parameters, so it stays: the whole groups keep every name (the consolidated state loads
+        # anywhere), this rank's groups their share's (its diagnostics' keys).
+        for src, dst in zip(src_param_groups, dst_param_groups):
+            dst.update({key: value for key, value in src.items() if key not in ("params", "names")})
+
     # --- the protocol, delegated to this rank's optimizer ---
     @property
     def _step_supports_amp_scaling(self) -> bool:

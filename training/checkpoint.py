@@ -195,7 +195,8 @@ def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.n
     _barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     # Returns once every rank's files and the metadata are written (and fsynced).
-    dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, checkpoint_id=partial)
+    dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, checkpoint_id=partial,
+             no_dist=not dist.is_initialized())
     if checkpoint is not None:
         checkpoint = dataclasses.replace(checkpoint, model={}, optimizer={"param_groups": optimizer_state["param_groups"]},
                                          tensors="dcp")
@@ -218,7 +219,7 @@ def load_sharded_state(path: Path, checkpoint: Checkpoint, model: torch.nn.Modul
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state["state"]}
     try:
-        dcp.load(state, storage_reader=_MetadataCheckedReader(path))
+        dcp.load(state, storage_reader=_MetadataCheckedReader(path), no_dist=not dist.is_initialized())
     except Exception as e:  # a missing shard file, a truncated one, another model
         raise ValueError(f"checkpoint {path}: its DCP files cannot be loaded ({e}); it is corrupt or of "
                          f"another model") from e

@@ -14,6 +14,7 @@ Keys with one "/" are per layer; a per-head key adds a third component.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -56,7 +57,10 @@ class UpdateStatistics:
     the block matrices it takes is why the loop measures on log steps only.
     """
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, gather: Callable[[Tensor], Tensor] = lambda w: w):
+        """``gather(w)``: the whole weight ``w`` (FSDP2: gathered from its row shards, a
+        collective: then every rank measures the step)."""
+        self.gather = gather
         n_embd = model.config.n_embd
         # (layer, part, weight, rows of the weight that are the part)
         self.parts: list[tuple[int, str, Tensor, slice]] = []
@@ -74,13 +78,14 @@ class UpdateStatistics:
     @torch.no_grad()
     def measured(self):
         """Measure the optimizer step taken inside; ``pop`` returns the statistics."""
-        weights = [w.detach() for w in self.weights]
+        weights = [self.gather(w.detach()) for w in self.weights]
         before = [torch.empty_like(w) for w in weights]
         torch._foreach_copy_(before, weights)
         yield
         saved = {id(w): b for w, b in zip(self.weights, before)}
+        after = {id(w): self.gather(w.detach()) for w in self.weights}
         for layer, part, weight, rows in self.parts:
-            old, new = saved[id(weight)][rows], weight.detach()[rows]
+            old, new = saved[id(weight)][rows], after[id(weight)][rows]
             # The parts' RMS share one element count: their ratio is the ratio of the norms.
             self._pending[layer_key("update_ratio", layer, part)] = (new - old).norm() / old.norm()
             if part in ("attn_q", "attn_k"):

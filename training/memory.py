@@ -1,0 +1,63 @@
+"""Memory per rank: what the model, its gradients, the optimizer state and the activations take,
+against the measured peak (README, "Scaling out").
+
+The first three are counted from the tensors this rank holds (its shards under FSDP2, its
+partition's state under ZeRO-1; DDP's all-reduce buckets are a second copy of the gradients).
+Activations are an estimate, after Korthikanti et al. (2022, "Reducing activation recomputation
+in large transformer models", activations without recomputation): per layer ``s*b*h*(34 + 5*a*s/h)`` bytes at 16-bit
+precision, scaled to the compute dtype, with the ``5*a*s/h`` attention-matrix term dropped where
+SDPA's fused kernels never store it (CUDA), plus the LM head's logits and their gradient in
+float32. The peak is CUDA's ``max_memory_allocated`` or, on CPU, the process's peak RSS (which
+includes the Python runtime and torch itself).
+"""
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+from torch import nn
+
+from optim.sharding import local
+
+MIB = 2 ** 20
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes this rank holds of ``tensors`` (a DTensor's local shard)."""
+    return sum(local(t).numel() * t.element_size() for t in tensors)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """This rank's optimizer state (ZeRO-1: its partition's; FSDP2: its rows')."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's optimizer of this rank
+    return tensor_bytes(t for state in inner.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+
+
+def activation_bytes(n_layer: int, n_head: int, n_embd: int, vocab_size: int, micro_batch: int, block: int,
+                     compute_dtype: torch.dtype, fused_attention: bool) -> int:
+    s, b, h, a = block, micro_batch, n_embd, n_head
+    per_layer = s * b * h * 34 + (0 if fused_attention else 5 * a * s * s * b)
+    scale = torch.finfo(compute_dtype).bits / 16
+    return int(n_layer * per_layer * scale) + 2 * b * s * vocab_size * 4
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, strategy: str, micro_batch: int,
+           compute_dtype: torch.dtype, device: torch.device) -> dict[str, float]:
+    """This rank's memory as metrics (MiB): ``memory/params``, ``memory/grads``,
+    ``memory/optimizer_state``, ``memory/activations_estimate``, ``memory/peak``."""
+    config = model.config
+    params = tensor_bytes(model.parameters())
+    grads = params * (2 if strategy in ("ddp", "zero1") else 1)  # DDP's buckets hold a second copy
+    activations = activation_bytes(config.n_layer, config.n_head, config.n_embd, config.vocab_size, micro_batch,
+                                   config.block_size, compute_dtype, fused_attention=device.type == "cuda")
+    values = {"params": params, "grads": grads, "optimizer_state": optimizer_state_bytes(optimizer),
+              "activations_estimate": activations, "peak": peak_bytes(device)}
+    return {f"memory/{key}": value / MIB for key, value in values.items()}
