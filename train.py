@@ -160,9 +160,11 @@ class Trainer:
             interval_steps += 1
             self.optimizer.after_step(self.step, self)
             progress.update()
-            if self.step == first_step + 1 and ctx.is_main:  # the optimizer state exists from the first step on
-                tqdm.write(f"memory of rank 0 ({self.layout.strategy}, MiB): " + ", ".join(
-                    f"{key.removeprefix('memory/')} {value:.1f}" for key, value in self.memory_report().items()))
+            if self.step == first_step + 1:  # the optimizer state exists from the first step on
+                report = self.memory_report()
+                if ctx.is_main:
+                    tqdm.write(f"memory per rank ({self.layout.strategy}, the largest of {ctx.world_size}, MiB): "
+                               + ", ".join(f"{key.removeprefix('memory/')} {value:.1f}" for key, value in report.items()))
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
@@ -280,6 +282,7 @@ class Trainer:
         diagnostics = self.optimizer.pop_diagnostics()  # (ZeRO-1: gathered from the ranks that own the state)
         update_statistics = self.update_statistics.pop()
         probe_model = self.layout.plain_model(self.model)  # (FSDP2: gathered, a collective)
+        memory_report = self.memory_report()
         if not self.ctx.is_main:
             return
         tokens_per_s = steps * self.tokens_per_step / elapsed
@@ -290,7 +293,7 @@ class Trainer:
         record.update(diagnostics)
         record.update(update_statistics)
         record.update(noise_scale)
-        record.update(self.memory_report())
+        record.update(memory_report)
         if self.peak_flops:
             per_device = tokens_per_s / self.ctx.world_size
             record["mfu"] = self.model.estimate_mfu(per_device, self.peak_flops)
@@ -325,10 +328,13 @@ class Trainer:
                     f"{record[k]:.2f}" for k in sorted(record) if is_layer_key(k, "max_logit")))
 
     def memory_report(self) -> dict[str, float]:
-        """This rank's memory (MiB): parameters, gradients, optimizer state, an activation estimate
-        and the measured peak (training/memory.py)."""
-        return memory.report(self.model, self.optimizer, strategy=self.layout.strategy,
+        """Memory per rank (MiB, training/memory.py), each the largest over the ranks (the first
+        to run out): parameters, gradients, optimizer state, an activation estimate and the
+        measured peak. Every rank calls it."""
+        mine = memory.report(self.model, self.optimizer, strategy=self.layout.strategy,
                              micro_batch=self.config.micro_batch_size, compute_dtype=self.dtype, device=self.device)
+        ranks = distributed.all_gather_objects(mine, self.ctx)
+        return {key: max(report[key] for report in ranks) for key in mine}
 
     def summarize(self):
         """The final numbers and a sample (every rank calls it: FSDP2 gathers the model)."""

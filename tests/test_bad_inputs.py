@@ -53,6 +53,11 @@ CASES = {
     "resume and overwrite": (["--resume", "--overwrite", "--run_name=good"], r"resume and overwrite exclude each "
                                                                              r"other"),
     "decay fraction": (["--decay_fraction=1.5"], r"decay_fraction=1.5 must lie in \[0, 1\]"),
+    "zero stage": (["--zero_stage=2"], r"zero_stage=2: use 0 .* or 1 .*for sharded parameters and gradients too "
+                                       r"use fsdp=True"),
+    "fsdp and zero-1": (["--fsdp", "--zero_stage=1"], r"fsdp=True already shards the optimizer state .*set "
+                                                      r"zero_stage=0 with it"),
+    "fsdp in float16": (["--fsdp", "--dtype=float16"], r"fsdp=True with dtype='float16'.*use dtype='bfloat16'"),
     "tokenizer of the data": (["--tokenizer=gpt2"], r"prepared with the 'byte' tokenizer \(manifest.json\), but the "
                                                     r"config says tokenizer='gpt2': set tokenizer='byte'"),
     "missing data": (["--data_dir={data}-missing"], r"data dir .*-missing does not exist; prepare it with "

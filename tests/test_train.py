@@ -159,16 +159,17 @@ def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
 def test_older_checkpoints_load_and_other_versions_are_refused(tmp_path):
     fields = vars(small_checkpoint(5, 2.0))
-    # version 1: before optim_backends and train_window; version 2: before noise_scale
-    torch.save({"format_version": 1, **{k: v for k, v in fields.items()
-                                        if k not in ("optim_backends", "train_window", "noise_scale")}}, tmp_path / "v1.pt")
-    torch.save({"format_version": 2, **{k: v for k, v in fields.items() if k != "noise_scale"}}, tmp_path / "v2.pt")
-    for version in ("v1", "v2"):
-        old = Checkpoint.load(tmp_path / f"{version}.pt")
-        assert old.step == 5 and old.noise_scale == {} and torch.equal(old.model["w"], torch.full((3,), 2.0))
+    # version 1: before optim_backends and train_window; 2: before noise_scale; 3: before tensors
+    added = {1: (), 2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",)}
+    for version in (1, 2, 3):
+        newer = [key for later in range(version + 1, 5) for key in added[later]]
+        torch.save({"format_version": version, **{k: v for k, v in fields.items() if k not in newer}},
+                   tmp_path / f"v{version}.pt")
+        old = Checkpoint.load(tmp_path / f"v{version}.pt")
+        assert old.step == 5 and old.tensors == "inline" and torch.equal(old.model["w"], torch.full((3,), 2.0))
     assert Checkpoint.load(tmp_path / "v1.pt").optim_backends == {}
     torch.save({"format_version": 99, **fields}, tmp_path / "v99.pt")
-    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 3"):
+    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 4"):
         Checkpoint.load(tmp_path / "v99.pt")
     torch.save({"format_version": 2, **fields, "extra": 1}, tmp_path / "extra.pt")
     with pytest.raises(ValueError, match=r"unknown \['extra'\]"):

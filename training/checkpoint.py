@@ -219,7 +219,9 @@ def load_sharded_state(path: Path, checkpoint: Checkpoint, model: torch.nn.Modul
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state["state"]}
     try:
-        dcp.load(state, storage_reader=_MetadataCheckedReader(path), no_dist=not dist.is_initialized())
+        with warnings.catch_warnings():  # (one process, on purpose: DCP warns that it assumes so)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=_MetadataCheckedReader(path), no_dist=not dist.is_initialized())
     except Exception as e:  # a missing shard file, a truncated one, another model
         raise ValueError(f"checkpoint {path}: its DCP files cannot be loaded ({e}); it is corrupt or of "
                          f"another model") from e

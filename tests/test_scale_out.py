@@ -1,0 +1,108 @@
+"""train.py on the scale-out strategies (training/parallel.py), with real gloo processes: ZeRO-1
+and FSDP2 train exactly as DDP on the same global batches (parameters, losses, every instrument),
+their checkpoints resume elsewhere (FSDP2's DCP folder on one process, ZeRO-1's consolidated file
+with zero_stage=0), each rank's memory is in the metrics, and the combinations that cannot work
+are refused with their fix. (The optimizers themselves under ZeRO-1 and FSDP2, and DCP checkpoints
+across 4, 2 and 1 ranks: tests/test_sharded.py.)"""
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import run_train
+from training.checkpoint import CHECKPOINT_NAME, load_model
+
+# Accumulation 2 on 2 ranks (global batch 8, micro-batch 2), a checkpoint every 2 steps.
+TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
+        "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4", "--batch_size=8", "--micro_batch_size=2",
+        "--checkpoint_interval=2", "--sample_tokens=8"]
+STRATEGIES = {"ddp": [], "zero1": ["--zero_stage=1"], "fsdp": ["--fsdp"]}
+
+
+def metrics(run_dir) -> dict:
+    """Every logged value by (step, key)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {(r["step"], k): v for r in lines if "step" in r for k, v in r.items() if k not in ("step", "tokens")}
+
+
+@pytest.fixture(scope="module")
+def runs(byte_shards, tmp_path_factory):
+    """The same MERIT run under DDP, ZeRO-1 and FSDP2 on 2 ranks: {strategy: (run folder, stdout)}."""
+    out = tmp_path_factory.mktemp("scale_out")
+    return {name: (out / name, run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={out}",
+                                         f"--run_name={name}", *extra, nproc=2).stdout)
+            for name, extra in STRATEGIES.items()}
+
+
+def test_zero1_and_fsdp_train_exactly_as_ddp(runs):
+    ddp = load_model(runs["ddp"][0] / CHECKPOINT_NAME)[0].state_dict()
+    expected = metrics(runs["ddp"][0])
+    for name in ("zero1", "fsdp"):
+        run_dir, stdout = runs[name]
+        assert f"on cpu ({name})" in stdout and "sample:" in stdout
+        model, checkpoint = load_model(run_dir / CHECKPOINT_NAME)
+        assert checkpoint.tensors == ("dcp" if name == "fsdp" else "inline") and checkpoint.step == 4
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(value, ddp[key], rtol=1e-6, atol=1e-7, msg=f"{name}: {key}")
+        got = metrics(run_dir)
+        # The losses, the probe, the optimizer's diagnostics and the update statistics, at every log step.
+        # FSDP2 has no gradient noise scale (no rank holds a micro-batch gradient); memory differs.
+        compared = {k for k in expected if not k[1].startswith(("memory/", "tokens_per_s"))
+                    and not (name == "fsdp" and k[1].startswith("noise_scale/"))}
+        assert any(k[1].startswith("trust_ratio_max/") for k in compared)
+        assert any(k[1].startswith("update_ratio/") for k in compared)
+        assert compared <= got.keys(), sorted(compared - got.keys())[:5]
+        for key in compared:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), (name, key)
+
+
+def test_each_rank_s_memory_is_reported(runs):
+    memory = {name: {k[1]: v for k, v in metrics(run_dir).items() if k[0] == 4 and k[1].startswith("memory/")}
+              for name, (run_dir, _) in runs.items()}
+    for name, stdout in ((name, stdout) for name, (_, stdout) in runs.items()):
+        assert f"memory per rank ({name}, the largest of 2, MiB): params" in stdout
+    ddp, zero1, fsdp = memory["ddp"], memory["zero1"], memory["fsdp"]
+    assert set(ddp) == {"memory/params", "memory/grads", "memory/optimizer_state", "memory/activations_estimate",
+                        "memory/peak"}
+    # MERIT keeps m and v: twice the parameters, replicated under DDP; rank 0's share under ZeRO-1
+    # (whole parameters), its rows under FSDP2 (parameters and gradients too).
+    assert ddp["memory/optimizer_state"] == pytest.approx(2 * ddp["memory/params"], rel=1e-3)
+    assert zero1["memory/params"] == ddp["memory/params"]
+    assert 0.3 < zero1["memory/optimizer_state"] / ddp["memory/optimizer_state"] < 0.7
+    assert 0.45 < fsdp["memory/params"] / ddp["memory/params"] < 0.55
+    assert fsdp["memory/optimizer_state"] == pytest.approx(2 * fsdp["memory/params"], rel=1e-3)
+    assert all(m["memory/peak"] > 0 for m in memory.values())
+
+
+def test_a_sharded_run_resumes_on_one_process_and_zero1_without_zero(runs, byte_shards, tmp_path):
+    """The step-2 checkpoints of the FSDP2 and ZeRO-1 runs, continued on one plain process."""
+    expected = load_model(runs["ddp"][0] / CHECKPOINT_NAME)[0].state_dict()
+    for name, suffix in (("fsdp", "dcp"), ("zero1", "pt")):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / f"ckpt_00000002.{suffix}").symlink_to(runs[name][0] / f"ckpt_00000002.{suffix}")
+        (run_dir / CHECKPOINT_NAME).symlink_to(f"ckpt_00000002.{suffix}")
+        resumed = run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", f"--run_name={name}",
+                            "--resume", "--keep_checkpoints=5")
+        assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
+        for key, value in load_model(run_dir / CHECKPOINT_NAME)[0].state_dict().items():
+            torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7, msg=f"{name}: {key}")
+
+
+@pytest.mark.parametrize("saved, resumed_with, message", [
+    ("fsdp", "--zero_stage=1", r"is sharded \(written with fsdp=True\): resume it with fsdp=True, or with zero_stage=0"),
+    ("ddp", "--fsdp", r"is a whole-model file \(written without fsdp\): resume it without fsdp"),
+])
+def test_a_checkpoint_of_another_layout_is_refused_with_the_fix(runs, byte_shards, tmp_path, saved, resumed_with,
+                                                                 message):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    checkpoint = (runs[saved][0] / CHECKPOINT_NAME).resolve()
+    (run_dir / checkpoint.name).symlink_to(checkpoint)
+    (run_dir / CHECKPOINT_NAME).symlink_to(checkpoint.name)
+    result = run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
+                       resumed_with, nproc=2, check=False)
+    assert result.returncode != 0
+    assert re.search(message, result.stderr), result.stderr[-3000:]
