@@ -85,7 +85,7 @@ class Trainer:
             zero_redundancy=self.layout.strategy == "zero1")
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
-        self.update_statistics = UpdateStatistics(self.model, gather=self.layout.full_tensor)
+        self.update_statistics = UpdateStatistics(self.model)
         # (Not under FSDP2: a rank never holds a whole micro-batch gradient there.)
         self.noise_scale = (GradientNoiseScale(gpt_groups(self.model), config.micro_batch_size * self.model_config.block_size,
                                                self.grad_accum, self.ctx.world_size, config.noise_scale_ema)
@@ -127,6 +127,7 @@ class Trainer:
             self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        memory.reset_peak(self.device)  # the reported peak is training's, from here on
 
     # --- the loop ---
     def train(self):

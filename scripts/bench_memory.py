@@ -32,9 +32,11 @@ def measure(strategy: str, extra: list[str], nproc: int, common: list[str]) -> d
                 if ranks > 1 else [sys.executable])
     run_name = strategy.replace(" ", "_")
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
-    subprocess.run([*launcher, str(ROOT / "train.py"), str(ROOT / "configs" / "gpt2_small_owt.py"), *common,
-                    f"--run_name={run_name!r}", f"--batch_size={ranks}", *extra], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    result = subprocess.run([*launcher, str(ROOT / "train.py"), str(ROOT / "configs" / "gpt2_small_owt.py"), *common,
+                             f"--run_name={run_name!r}", f"--batch_size={ranks}", *extra], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"the {strategy} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     out_dir = next(arg.split("=", 1)[1].strip("'") for arg in common if arg.startswith("--out_dir="))
     records = [json.loads(line) for line in (Path(out_dir) / run_name / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "memory/peak" in r][-1]
@@ -46,6 +48,8 @@ def main(argv=None) -> None:
     parser.add_argument("--nproc", type=int, default=2, help="ranks of the DDP, ZeRO-1 and FSDP2 runs")
     parser.add_argument("--block-size", type=int, default=256, help="sequence length (GPT-2: 1024)")
     parser.add_argument("--optimizer", default="merit")
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES),
+                        metavar="STRATEGY", help=f"of {', '.join(map(repr, STRATEGIES))} (default: all)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,8 +66,8 @@ def main(argv=None) -> None:
               f"micro-batch 1, CPU; MiB per rank (the largest rank):")
         print("| strategy | ranks | " + " | ".join(COLUMNS) + " |")
         print("|---|---|" + "---|" * len(COLUMNS))
-        for strategy, extra in STRATEGIES.items():
-            values = measure(strategy, extra, args.nproc, common)
+        for strategy in args.strategies:
+            values = measure(strategy, STRATEGIES[strategy], args.nproc, common)
             ranks = 1 if strategy == "one process" else args.nproc
             print(f"| {strategy} | {ranks} | " + " | ".join(f"{values[key]:.0f}" for key in COLUMNS) + " |",
                   flush=True)

@@ -14,13 +14,14 @@ Keys with one "/" are per layer; a per-head key adds a third component.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from model import GPT
+from optim.sharding import Shards, local
 
 
 def layer_key(stat: str, layer: int, part: str | None = None) -> str:
@@ -57,10 +58,7 @@ class UpdateStatistics:
     the block matrices it takes is why the loop measures on log steps only.
     """
 
-    def __init__(self, model: GPT, gather: Callable[[Tensor], Tensor] = lambda w: w):
-        """``gather(w)``: the whole weight ``w`` (FSDP2: gathered from its row shards, a
-        collective: then every rank measures the step)."""
-        self.gather = gather
+    def __init__(self, model: GPT):
         n_embd = model.config.n_embd
         # (layer, part, weight, rows of the weight that are the part)
         self.parts: list[tuple[int, str, Tensor, slice]] = []
@@ -72,24 +70,37 @@ class UpdateStatistics:
                                  ("mlp_proj", block.mlp.c_proj)):
                 self.parts.append((i, name, linear.weight, slice(None)))
         self.weights = list({id(w): w for _, _, w, _ in self.parts}.values())
+        # FSDP2 shards the weights by rows: each rank measures its rows, and one all-reduce of the
+        # sums (and one of the maxima) completes the statistics, with no weight gathered.
+        self.shards = {id(w): Shards.of(w) for w in self.weights}  # (None for whole weights)
+        self.sharded = next(iter(self.shards.values()))
         self._pending: dict[str, Tensor] = {}
 
     @contextmanager
     @torch.no_grad()
     def measured(self):
-        """Measure the optimizer step taken inside; ``pop`` returns the statistics."""
-        weights = [self.gather(w.detach()) for w in self.weights]
+        """Measure the optimizer step taken inside (FSDP2: on every rank); ``pop`` returns the
+        statistics."""
+        weights = [local(w.detach()) for w in self.weights]
         before = [torch.empty_like(w) for w in weights]
         torch._foreach_copy_(before, weights)
         yield
         saved = {id(w): b for w, b in zip(self.weights, before)}
-        after = {id(w): self.gather(w.detach()) for w in self.weights}
+        squares, maxima, ratio_keys, max_keys = [], [], [], []
         for layer, part, weight, rows in self.parts:
-            old, new = saved[id(weight)][rows], after[id(weight)][rows]
-            # The parts' RMS share one element count: their ratio is the ratio of the norms.
-            self._pending[layer_key("update_ratio", layer, part)] = (new - old).norm() / old.norm()
+            local_rows = _local(rows, saved[id(weight)].shape[0], self.shards[id(weight)])
+            old, new = saved[id(weight)][local_rows], local(weight.detach())[local_rows]
+            squares += [(new - old).square().sum(), old.square().sum()]
+            ratio_keys.append(layer_key("update_ratio", layer, part))
             if part in ("attn_q", "attn_k"):
-                self._pending[layer_key("weight_max_abs", layer, part)] = new.abs().max()
+                maxima.append(new.abs().amax() if new.numel() else new.new_zeros(()))
+                max_keys.append(layer_key("weight_max_abs", layer, part))
+        squares, maxima = torch.stack(squares), torch.stack(maxima)
+        if self.sharded is not None:  # (one process group shards every weight)
+            self.sharded.all_reduce(squares, dist.ReduceOp.SUM)
+            self.sharded.all_reduce(maxima, dist.ReduceOp.MAX)
+        # The parts' RMS share one element count: their ratio is the ratio of the norms.
+        self._pending = {**dict(zip(ratio_keys, (squares[0::2] / squares[1::2]).sqrt())), **dict(zip(max_keys, maxima))}
 
     def pop(self) -> dict[str, float]:
         """The last measured step's statistics as floats (one device-to-host copy); {} if none."""
@@ -97,3 +108,11 @@ class UpdateStatistics:
         if not pending:
             return {}
         return dict(zip(pending, torch.stack([v.float() for v in pending.values()]).tolist()))
+
+
+def _local(rows: slice, local_rows: int, shards: Shards | None) -> slice:
+    """The part of this rank's ``local_rows`` rows of a weight (all of them if ``shards`` is None)
+    that ``rows`` of the whole weight covers, as a slice of the local rows."""
+    first, whole = (0, local_rows) if shards is None else (shards.first_row, shards.rows)
+    start, stop, _ = rows.indices(whole)
+    return slice(min(max(start - first, 0), local_rows), min(max(stop - first, 0), local_rows))

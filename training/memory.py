@@ -8,7 +8,8 @@ in large transformer models", activations without recomputation): per layer ``s*
 precision, scaled to the compute dtype, with the ``5*a*s/h`` attention-matrix term dropped where
 SDPA's fused kernels never store it (CUDA), plus the LM head's logits and their gradient in
 float32. The peak is CUDA's ``max_memory_allocated`` or, on CPU, the process's peak RSS (which
-includes the Python runtime and torch itself).
+includes the Python runtime and torch itself, and memory the allocator keeps after freeing it),
+both measured from the end of setup (``reset_peak``).
 """
 from __future__ import annotations
 
@@ -42,11 +43,29 @@ def activation_bytes(n_layer: int, n_head: int, n_embd: int, vocab_size: int, mi
     return int(n_layer * per_layer * scale) + 2 * b * s * vocab_size * 4
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start measuring the peak afresh (after setup: building the whole model before FSDP2 shards
+    it is not training's memory). On Linux the kernel resets the process's peak RSS (VmHWM) when
+    "5" is written to /proc/self/clear_refs; elsewhere on a CPU the peak is the process's."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+    try:
+        with open("/proc/self/status") as f:  # Linux: VmHWM, the peak RSS since the last reset
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, strategy: str, micro_batch: int,

@@ -82,19 +82,21 @@ class Layout:
     def plain_model(self, model: GPT, on_every_rank: bool = False) -> GPT | None:
         """A plain (unsharded) GPT with ``model``'s weights, for work that does not run on every
         rank in step (the probe, samples, zero-shot evaluation): ``model`` itself unless FSDP2
-        shards it; then a copy gathered from the shards (a collective: every rank calls it) on
-        rank 0, or on every rank with ``on_every_rank`` (None on the others)."""
+        shards it; then a copy on rank 0, or on every rank with ``on_every_rank`` (None on the
+        others), filled one gathered parameter at a time (a collective: every rank calls it), so
+        it costs one model and one parameter beyond the shards."""
         if not self.shards_parameters:
             return model
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        # (cpu_offload: only rank 0 receives the tensors.)
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                     cpu_offload=not on_every_rank))
-        if not (on_every_rank or self.ctx.is_main):
-            return None
-        copy = GPT(model.config).to(self.ctx.device)
-        copy.load_state_dict(state)
-        return copy.train(model.training)
+        copy = GPT(model.config).to(self.ctx.device) if on_every_rank or self.ctx.is_main else None
+        sharded_params = list(model.parameters())
+        # (The same class: the same parameters in the same order, the tied embedding once.)
+        targets = list(copy.parameters()) if copy is not None else [None] * len(sharded_params)
+        with torch.no_grad():
+            for sharded, target in zip(sharded_params, targets, strict=True):
+                whole = self.full_tensor(sharded)
+                if target is not None:
+                    target.copy_(whole)
+        return None if copy is None else copy.train(model.training)
 
     def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """The whole of ``t`` (a sharded DTensor gathered: every rank calls it)."""
