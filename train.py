@@ -353,7 +353,7 @@ class Trainer:
         generator = torch.Generator(self.device).manual_seed(self.config.seed)
         with self.autocast:
             out = model.generate(start, max_new_tokens, temperature=0.8, top_k=200, generator=generator,
-                                      n_vocab=self.tokenizer.n_vocab)
+                                 n_vocab=self.tokenizer.n_vocab)
         return self.tokenizer.decode(out[0, 1:].tolist())
 
     def describe(self):

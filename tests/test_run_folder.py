@@ -20,9 +20,11 @@ TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_siz
 
 
 def comparable(log):
-    """A metrics log's records without the start-up line and the timing keys."""
+    """A metrics log's records without the start-up line and what is measured, not computed: the
+    timing keys and the memory peak (the counted memory stays)."""
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu")} for r in records if "run_info" not in r]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu", "memory/peak")} for r in records
+            if "run_info" not in r]
 
 
 def folder_bytes(folder):

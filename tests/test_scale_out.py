@@ -129,3 +129,24 @@ def test_sophia_g_s_hessian_pass_runs_through_each_layout(byte_shards, tmp_path)
     # The pass clips its gradient to norm 1: under FSDP2 that norm is summed over shards, an ulp
     # apart, and Sophia-G's step divides by the Hessian EMA it scales (1.6e-6 after 4 steps here).
     assert_same_parameters(params["fsdp"], params["ddp"], "fsdp", rel=1e-5)
+
+
+def test_a_damaged_sharded_checkpoint_is_a_clear_error_and_its_metadata_builds_nothing(runs, tmp_path):
+    import os
+    import pickle
+    import shutil
+    source = (runs["fsdp"][0] / CHECKPOINT_NAME).resolve()
+    truncated = shutil.copytree(source, tmp_path / "truncated.dcp")
+    shard = next(truncated.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"its DCP files cannot be loaded .*corrupt or of another model"):
+        load_model(truncated)
+
+    class Payload:  # what a planted metadata file would make the unpickler run
+        def __reduce__(self):
+            return os.system, ("touch " + str(tmp_path / "pwned"),)
+    planted = shutil.copytree(source, tmp_path / "planted.dcp")
+    (planted / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ValueError, match=r"names posix.system, which is not DCP metadata: refusing to load it"):
+        load_model(planted)
+    assert not (tmp_path / "pwned").exists()

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
@@ -222,8 +223,10 @@ def load_sharded_state(path: Path, checkpoint: Checkpoint, model: torch.nn.Modul
         with warnings.catch_warnings():  # (one process, on purpose: DCP warns that it assumes so)
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp.load(state, storage_reader=_MetadataCheckedReader(path), no_dist=not dist.is_initialized())
-    except Exception as e:  # a missing shard file, a truncated one, another model
-        raise ValueError(f"checkpoint {path}: its DCP files cannot be loaded ({e}); it is corrupt or of "
+    except (Exception, CheckpointException) as e:  # a missing or truncated shard, another model (DCP's
+        # CheckpointException is a BaseException)
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__  # (not DCP's traceback)
+        raise ValueError(f"checkpoint {path}: its DCP files cannot be loaded ({reason}); it is corrupt or of "
                          f"another model") from e
     if optimizer is None:
         set_model_state_dict(model, state["model"])
