@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import run_train
+from eval.samples import write_fixtures
 from training.checkpoint import CHECKPOINT_NAME, load_model
 
 # Accumulation 2 on 2 ranks (global batch 8, micro-batch 2), a checkpoint every 2 steps.
@@ -39,8 +40,10 @@ def metrics(run_dir) -> dict:
 def runs(byte_shards, tmp_path_factory):
     """The same MERIT run under DDP, ZeRO-1 and FSDP2 on 2 ranks: {strategy: (run folder, stdout)}."""
     out = tmp_path_factory.mktemp("scale_out")
+    write_fixtures(out / "tasks")  # zero-shot evaluation at the end: each rank scores its share
     return {name: (out / name, run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={out}",
-                                         f"--run_name={name}", *extra, nproc=2).stdout)
+                                         f"--run_name={name}", "--zero_shot_tasks=copa,piqa",
+                                         f"--zero_shot_data_dir={out / 'tasks'}", *extra, nproc=2).stdout)
             for name, extra in STRATEGIES.items()}
 
 
@@ -54,12 +57,14 @@ def test_zero1_and_fsdp_train_exactly_as_ddp(runs):
         assert checkpoint.tensors == ("dcp" if name == "fsdp" else "inline") and checkpoint.step == 4
         assert_same_parameters(model.state_dict(), ddp, name)
         got = metrics(run_dir)
-        # The losses, the probe, the optimizer's diagnostics and the update statistics, at every log step.
+        # The losses, the probe, the optimizer's diagnostics, the update statistics and the zero-shot
+        # metrics, at every log step.
         # FSDP2 has no gradient noise scale (no rank holds a micro-batch gradient); memory differs.
         compared = {k for k in expected if not k[1].startswith(("memory/", "tokens_per_s"))
                     and not (name == "fsdp" and k[1].startswith("noise_scale/"))}
         assert any(k[1].startswith("trust_ratio_max/") for k in compared)
         assert any(k[1].startswith("update_ratio/") for k in compared)
+        assert any(k[1].startswith("zero_shot/piqa/") for k in compared)
         assert compared <= got.keys(), sorted(compared - got.keys())[:5]
         for key in compared:
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), (name, key)

@@ -44,6 +44,10 @@ class Layout:
     def shards_parameters(self) -> bool:
         return self.strategy == "fsdp"
 
+    @property
+    def shards_optimizer_state(self) -> bool:
+        return self.strategy in ("zero1", "fsdp")
+
     def shard(self, model: GPT, param_dtype: torch.dtype) -> None:
         """FSDP2: shard every transformer block and then the rest (embeddings, final norm, the tied
         LM head) in place, before the optimizer sees the parameters. ``param_dtype`` other than
@@ -65,10 +69,6 @@ class Layout:
             device = self.ctx.device
             return DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None)
         return model
-
-    @property
-    def shards_optimizer_state(self) -> bool:
-        return self.strategy in ("zero1", "fsdp")
 
     def gradient_sync(self, train_model: nn.Module, sync: bool):
         """The context of one accumulation micro-step: gradients reduced across the ranks only when
