@@ -25,7 +25,7 @@ STRATEGIES = {"one process": [], "ddp": [], "zero1": ["--zero_stage=1"], "fsdp":
 COLUMNS = ("params", "grads", "optimizer_state", "activations_estimate", "peak")
 
 
-def measure(strategy: str, extra: list[str], nproc: int, common: list[str]) -> dict[str, float]:
+def measure(strategy: str, nproc: int, out_dir: Path, common: list[str]) -> dict[str, float]:
     """The memory metrics of the last log step of one run."""
     ranks = 1 if strategy == "one process" else nproc
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
@@ -33,12 +33,12 @@ def measure(strategy: str, extra: list[str], nproc: int, common: list[str]) -> d
     run_name = strategy.replace(" ", "_")
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
     result = subprocess.run([*launcher, str(ROOT / "train.py"), str(ROOT / "configs" / "gpt2_small_owt.py"), *common,
-                             f"--run_name={run_name!r}", f"--batch_size={ranks}", *extra], cwd=ROOT, env=env,
+                             f"--out_dir={str(out_dir)!r}", f"--run_name={run_name!r}", f"--batch_size={ranks}",
+                             *STRATEGIES[strategy]], cwd=ROOT, env=env,
                             capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"the {strategy} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
-    out_dir = next(arg.split("=", 1)[1].strip("'") for arg in common if arg.startswith("--out_dir="))
-    records = [json.loads(line) for line in (Path(out_dir) / run_name / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out_dir / run_name / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "memory/peak" in r][-1]
     return {key: last[f"memory/{key}"] for key in COLUMNS}
 
@@ -52,12 +52,12 @@ def main(argv=None) -> None:
                         metavar="STRATEGY", help=f"of {', '.join(map(repr, STRATEGIES))} (default: all)")
     args = parser.parse_args(argv)
 
+    from data.shards import write_shard
     with tempfile.TemporaryDirectory() as tmp:
         rng = np.random.default_rng(0)
         for split in ("train", "val"):
-            from data.shards import write_shard
             write_shard(Path(tmp) / f"{split}_000000.bin", rng.integers(0, 256, 200_000, dtype=np.uint16))
-        common = [f"--data_dir={tmp!r}", f"--out_dir={tmp + '/runs'!r}", "--tokenizer='byte'", "--vocab_size=50304",
+        common = [f"--data_dir={tmp!r}", "--tokenizer='byte'", "--vocab_size=50304",
                   f"--block_size={args.block_size}", "--micro_batch_size=1", "--max_steps=2", "--warmup_steps=0",
                   "--log_interval=1", "--eval_interval=1000", f"--val_tokens={args.block_size}",
                   "--probe_batch_size=1", "--compile=False", "--wandb_mode='disabled'", "--device='cpu'",
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
         print("| strategy | ranks | " + " | ".join(COLUMNS) + " |")
         print("|---|---|" + "---|" * len(COLUMNS))
         for strategy in args.strategies:
-            values = measure(strategy, STRATEGIES[strategy], args.nproc, common)
+            values = measure(strategy, args.nproc, Path(tmp) / "runs", common)
             ranks = 1 if strategy == "one process" else args.nproc
             print(f"| {strategy} | {ranks} | " + " | ".join(f"{values[key]:.0f}" for key in COLUMNS) + " |",
                   flush=True)
