@@ -457,7 +457,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     cpp._build.cache_clear()
-    cpp._warn_once.cache_clear()
+    optim.backends.common.warn_once.cache_clear()
     try:
         p = nn.Parameter(torch.ones(3, 4))
         with pytest.warns(RuntimeWarning, match="could not be built.*Error building extension") as record:
@@ -470,7 +470,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
             MERIT([p], lr=0.1, backend="cpp")
     finally:
         cpp._build.cache_clear()  # later tests build (load) the kernels again
-        cpp._warn_once.cache_clear()
+        optim.backends.common.warn_once.cache_clear()
 
 
 class TinyGPT(nn.Module):

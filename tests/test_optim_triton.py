@@ -121,7 +121,7 @@ def test_without_triton_a_named_backend_is_an_error_and_auto_warns_once(monkeypa
     monkeypatch.setitem(sys.modules, "optim.backends.triton_kernels", None)  # the import fails
     monkeypatch.delattr(optim.backends, "triton_kernels", raising=False)
     triton._import.cache_clear()
-    triton._warn_once.cache_clear()
+    backends.common.warn_once.cache_clear()
     try:
         p = nn.Parameter(torch.randn(5, 4))
         with pytest.raises(RuntimeError, match="Triton is not available.*pip install triton, or use optim_backend"):
@@ -133,7 +133,7 @@ def test_without_triton_a_named_backend_is_an_error_and_auto_warns_once(monkeypa
         assert backends.select("triton", [p]) is reference  # not ready: the reference runs
     finally:
         triton._import.cache_clear()
-        triton._warn_once.cache_clear()
+        backends.common.warn_once.cache_clear()
 
 
 def test_check_cuda_script_runs_its_checks_on_the_cpu():

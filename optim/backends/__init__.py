@@ -33,11 +33,15 @@ cpp        optim/backends/cpp.py           contiguous CPU tensors of one dtype (
 triton     optim/backends/triton.py        contiguous CUDA tensors of one dtype (fp32, bf16, fp64)
 =========  ==============================  =========================================================
 
+What the two kernel backends share (the tensors their kernels take, the kernels' form of pass 2's
+factors, the one warning of a fallback to the reference) is in optim/backends/common.py.
+
 The ``optim_backend`` setting (``optim.build(..., backend=)``, the config's ``optim_backend``)
 is "auto" (C++ for CPU tensors, Triton for CUDA tensors), or one name: then that backend runs
-every operation whose tensors it takes, and the torch reference the others. ``prepare`` makes a
-setting's backends ready (building the C++ extension is this explicit, logged step); ``select``
-is then a pure function of the setting and the tensors.
+every operation whose tensors it takes, and the torch reference the others. ``check_setting`` is
+the one check of a setting's name, with the one error message. ``prepare`` makes a setting's
+backends ready (building the C++ extension is this explicit, logged step); ``select`` is then a
+pure function of the setting and the tensors.
 """
 from __future__ import annotations
 
@@ -75,8 +79,9 @@ class Backend(Protocol):
 
 
 def check_setting(setting: str) -> None:
+    """ValueError unless ``setting`` is one of ``SETTINGS``."""
     if setting not in SETTINGS:
-        raise ValueError(f"unknown optim_backend {setting!r}: use one of {', '.join(map(repr, SETTINGS))}")
+        raise ValueError(f"optim_backend={setting!r}: use one of {', '.join(map(repr, SETTINGS))}")
 
 
 def prepare(setting: str, tensors: list[Tensor]) -> None:

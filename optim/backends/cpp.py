@@ -16,25 +16,21 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from . import reference
+from . import common, reference
 
 NAME = "cpp"
 TAKES = "contiguous CPU tensors of one dtype: float32, bfloat16 or float64"
-DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _SOURCES = [Path(__file__).with_name("csrc") / name for name in ("trust_ratio.cpp", "sign.cpp")]
 
 
 def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
     """Whether the kernels take ``tensors`` (p first; a 2-D p if ``matrix``)."""
-    p = tensors[0]
-    return (p.device.type == "cpu" and p.dtype in DTYPES and (p.dim() == 2 or not matrix)
-            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in tensors))
+    return common.takes(tensors, matrix=matrix, device_types=("cpu",))
 
 
 def ready() -> bool:
@@ -53,7 +49,7 @@ def load(required: bool) -> bool:
     if required:
         raise RuntimeError(f"{message}: install a C++ compiler and ninja, or use optim_backend='auto' "
                            f"or 'torch'") from error
-    _warn_once(f"{message}; the optimizers use their torch reference on CPU tensors")
+    common.warn_once(f"{message}; the optimizers use their torch reference on CPU tensors")
     return False
 
 
@@ -82,11 +78,6 @@ def _build() -> Exception | None:
     return None
 
 
-@functools.cache
-def _warn_once(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=5)
-
-
 def _put_pip_ninja_on_path() -> None:
     """torch runs ``ninja`` from PATH; the pip package installs it next to the interpreter."""
     if shutil.which("ninja") is None:
@@ -112,17 +103,8 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
                  clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None:
     if _skipped(skip):
         return torch.zeros((), dtype=torch.long) if count else None
-    rows, cols = kernel_factors(p, rows, cols)
+    rows, cols = common.kernel_factors(p, rows, cols)
     return torch.ops.nanomerit.apply_update(p, u, rows, cols, lr, clip, count)
-
-
-def kernel_factors(p: Tensor, rows: Tensor | None, cols: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The kernels' form of pass 2's factors (also the Triton kernels'): in the compute dtype,
-    ``rows`` None as a 0-d one."""
-    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
-    if rows is None:
-        rows = torch.ones((), dtype=p.dtype, device=p.device)
-    return rows.to(compute), None if cols is None else cols.to(compute)
 
 
 def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float,

@@ -13,16 +13,14 @@ import functools
 import math
 import os
 import sys
-import warnings
 
 import torch
 from torch import Tensor
 
-from .cpp import kernel_factors
+from . import common
 
 NAME = "triton"
 TAKES = "contiguous CUDA tensors of one dtype: float32, bfloat16 or float64"
-DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 
 # A program's tile: 2,048 elements of each of p, g, m and v in registers (4 warps: 16 per thread).
 _TILE = 2048
@@ -35,10 +33,7 @@ _SIGN_BLOCK = 1024
 def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
     """Whether the kernels take ``tensors`` (p first, not empty; a 2-D p if ``matrix``): on CUDA,
     or on CPU in Triton's interpreter."""
-    p = tensors[0]
-    return (p.device.type in _device_types() and p.dtype in DTYPES and p.numel() > 0
-            and (p.dim() == 2 or not matrix)
-            and all(t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in tensors))
+    return common.takes(tensors, matrix=matrix, device_types=_device_types(), empty=False)
 
 
 def ready() -> bool:
@@ -55,7 +50,7 @@ def load(required: bool) -> bool:
     message = f"optim: Triton is not available ({error})"
     if required:
         raise RuntimeError(f"{message}: pip install triton, or use optim_backend='auto' or 'torch'") from error
-    _warn_once(f"{message}; the optimizers run their torch reference on CUDA tensors (pip install triton)")
+    common.warn_once(f"{message}; the optimizers run their torch reference on CUDA tensors (pip install triton)")
     return False
 
 
@@ -73,11 +68,6 @@ def _import():
 
 def _kernels():
     return _import()[0]
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
 def _interpreted() -> bool:
@@ -129,7 +119,7 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
     k = _kernels()
     rows_cols = reduce == "rows_cols"
     n_rows, n_cols = _matrix(p, rows_cols)
-    compute = torch.float64 if p.dtype == torch.float64 else torch.float32
+    compute = common.compute_dtype(p.dtype)
     block_r, block_c = _blocks(n_rows, n_cols)
     programs = min(-(-n_rows // block_r), _max_programs(p.device))
     # The norm terms: rows | columns | whole tensor, for p (norms[0]) and u (norms[1]).
@@ -158,7 +148,7 @@ def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: flo
 def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None, *, lr: float,
                  clip: bool, count: bool, skip: Tensor | None = None) -> Tensor | None:
     k = _kernels()
-    rows, cols = kernel_factors(p, rows, cols)
+    rows, cols = common.kernel_factors(p, rows, cols)
     n_rows, n_cols = _matrix(p, cols is not None)
     block_r, block_c = _blocks(n_rows, n_cols)
     grid = (-(-n_rows // block_r), -(-n_cols // block_c))
