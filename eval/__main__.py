@@ -19,7 +19,7 @@ from atomic import atomic_write
 from data.tokenizer import get_tokenizer
 from eval import evaluate, format_table
 from eval.scorer import Scorer
-from eval.tasks import resolve
+from eval.tasks import tasks_named
 from hf import from_hf
 from model import GPT
 from training.checkpoint import load_model
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--batch-size and --limit must be positive")
 
-    tasks = resolve(args.tasks)
+    tasks = tasks_named(args.tasks)
     try:
         model, tokenizer_name, source_info = load(args)
     except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder

@@ -478,7 +478,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def resolve(names: str | list[str]) -> list[Task]:
+def tasks_named(names: str | list[str]) -> list[Task]:
     """Tasks from comma-separated (or listed) task and group names, groups expanded, in the order
     given, each task once. An unknown name is an error listing the valid ones."""
     if isinstance(names, str):

@@ -4,9 +4,9 @@ Registering an optimizer is one entry in ``_REGISTRY`` (or one ``register`` call
 optimizer defined outside this package): a callable (class or function) taking
 ``(params, *, lr, weight_decay, betas, eps, backend, <its own options>)`` with its own defaults
 for betas/eps. ``build`` checks options against that signature, so no other code changes;
-docs/architecture.md walks through adding one. ``resolve`` gives a run's hyper-parameters: the
-ones the user set, else the optimizer's published GPT-2 ones (optim/published.py), else its
-constructor's defaults.
+docs/architecture.md walks through adding one. ``hyperparameter_settings`` gives a run's
+hyper-parameters: the ones the user set, else the optimizer's published GPT-2 ones
+(optim/published.py), else its constructor's defaults.
 """
 import difflib
 import inspect
@@ -23,12 +23,13 @@ from .lamb import LAMB
 from .lion import Lion
 from .merit import MERIT
 from .param_groups import param_groups
-from .protocol import TrainingHooks, TrainingLoop
+from .protocol import GradientFn, LossFn, TrainingHooks
 from .sophia import SophiaG
 from .zero import ZeroRedundancy
 
-__all__ = ["BACKENDS", "LAMB", "Lion", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "TrainingLoop", "adamw",
-           "ZeroRedundancy", "available", "build", "check_options", "param_groups", "register", "resolve"]
+__all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
+           "ZeroRedundancy", "available", "build", "check_options", "hyperparameter_settings", "param_groups",
+           "register"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -48,7 +49,7 @@ def available() -> list[str]:
 
 def register(name: str, factory: Callable, gpt2_settings: dict | None = None) -> None:
     """Make ``build(name, ...)`` (and so a config's ``optimizer = name``) create ``factory``'s
-    optimizer; ``gpt2_settings``: its published hyper-parameters, for ``resolve``."""
+    optimizer; ``gpt2_settings``: its published hyper-parameters, for ``hyperparameter_settings``."""
     key = name.lower()
     if key in _REGISTRY:
         raise ValueError(f"an optimizer named {key!r} is already registered")
@@ -56,13 +57,28 @@ def register(name: str, factory: Callable, gpt2_settings: dict | None = None) ->
     published.GPT2[key] = dict(gpt2_settings or {})
 
 
-def resolve(name: str, chosen: dict) -> dict[str, tuple[object, str]]:
+def hyperparameter_settings(name: str, chosen: dict) -> dict[str, tuple[object, str]]:
     """Every hyper-parameter of optimizer ``name`` as ``{key: (value, source)}``: the value in
     ``chosen`` where it is not None ("set"), else its published GPT-2 value ("published"), else its
-    constructor's default ("default")."""
+    constructor's default ("default"). The hyper-parameters are the constructor's arguments but
+    params, backend and the context the training loop supplies."""
     key = name.lower()
     check_options(key, {})
-    return published.resolve(key, _REGISTRY[key], chosen, _CONTEXT)
+    gpt2 = published.GPT2.get(key, {})
+    settings = {}
+    for option, parameter in inspect.signature(_REGISTRY[key]).parameters.items():
+        if (parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                or option in ("params", "backend", *_CONTEXT)):
+            continue
+        if chosen.get(option) is not None:
+            settings[option] = (chosen[option], published.SET)
+        elif option in gpt2:
+            settings[option] = (gpt2[option], published.PUBLISHED)
+        elif parameter.default is not parameter.empty:
+            settings[option] = (parameter.default, published.DEFAULT)
+        else:
+            raise ValueError(f"optimizer {key!r} needs {option}: set it in the config")
+    return settings
 
 
 def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,

@@ -1,4 +1,4 @@
-"""Each optimizer's published GPT-2 hyper-parameters, and the resolution of a run's settings.
+"""Each optimizer's published GPT-2 hyper-parameters (``optim.hyperparameter_settings`` reads them).
 
 A training config leaves a hyper-parameter unset (None) unless the user chooses it; unset, the
 optimizer gets its published GPT-2 setting from ``GPT2`` below, or else its constructor's default.
@@ -17,9 +17,6 @@ AdamW's settings: a reproduction bug. Sources (docs/optimizers.md):
 
 The learning rate is not here: it depends on the model size, and every config sets it.
 """
-import inspect
-from collections.abc import Callable
-
 GPT2: dict[str, dict] = {
     "adamw": {"betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8},
     "merit": {"betas": (0.9, 0.95), "weight_decay": 1e-2, "eps": 1e-6},
@@ -28,30 +25,5 @@ GPT2: dict[str, dict] = {
     "sophiag": {"betas": (0.965, 0.99), "weight_decay": 0.2, "rho": 0.05},
 }
 
-# Where a resolved value came from.
+# Where a resolved value came from (optim.hyperparameter_settings).
 SET, PUBLISHED, DEFAULT = "set", "published", "default"
-
-
-def hyperparameters(factory: Callable, context: tuple[str, ...]) -> dict[str, object]:
-    """The hyper-parameters ``factory`` takes (not params, backend or loop-supplied ``context``),
-    with their constructor defaults (``inspect.Parameter.empty`` where there is none)."""
-    return {name: p.default for name, p in inspect.signature(factory).parameters.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in ("params", "backend", *context)}
-
-
-def resolve(name: str, factory: Callable, chosen: dict, context: tuple[str, ...],
-            published: dict | None = None) -> dict[str, tuple[object, str]]:
-    """Every hyper-parameter of optimizer ``name``: ``chosen`` where the user set it (not None),
-    else the published GPT-2 value, else the constructor's default; each with its source."""
-    published = GPT2.get(name, {}) if published is None else published
-    resolved = {}
-    for key, default in hyperparameters(factory, context).items():
-        if chosen.get(key) is not None:
-            resolved[key] = (chosen[key], SET)
-        elif key in published:
-            resolved[key] = (published[key], PUBLISHED)
-        elif default is not inspect.Parameter.empty:
-            resolved[key] = (default, DEFAULT)
-        else:
-            raise ValueError(f"optimizer {name!r} needs {key}: set it in the config")
-    return resolved

@@ -98,11 +98,13 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     from configs import load_config
     from data.loader import TokenLoader
     from model import GPT
+    from training.run_config import resolve_config
 
-    config = load_config(ROOT / "configs" / "default.py")
+    run = resolve_config(load_config(ROOT / "configs" / "default.py"))
+    config = run.config
     model_config = config.model_config(50257)
     model = GPT(model_config)
-    optimizer = optim.build(config.optimizer, model, **config.optimizer_hyperparameters())
+    optimizer = optim.build(config.optimizer, model, **run.optimizer_kwargs)
     block, batch = model_config.block_size, config.micro_batch_size
 
     def median_ms(fn) -> float:

@@ -62,7 +62,7 @@ def main() -> None:
     from data.tokenizer import get_tokenizer
     from eval import evaluate
     from eval.scorer import Scorer
-    from eval.tasks import resolve
+    from eval.tasks import tasks_named
     from eval.samples import write_harness_tasks
     from hf import export
     from model import GPT, GPTConfig
@@ -71,7 +71,7 @@ def main() -> None:
     torch.manual_seed(0)
     config = GPTConfig.preset(args.model, block_size=1024)
     model = GPT(config).eval()
-    tasks = resolve(args.tasks)
+    tasks = tasks_named(args.tasks)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         Checkpoint.of_model(model, "gpt2").save(scratch / "ckpt.pt")

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from atomic import atomic_write
 from configs import ConfigError, TrainConfig, load_config
 from study.runs import read_records
+from training.run_config import resolve_config
 from training.checkpoint import numbered
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,8 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
         elif warmup_scaling == "tokens":
             changes.update(warmup_steps=0, warmup_tokens=base_warmup_steps * base_batch * block)
         name = point_name(chosen) or "base"
-        config = dataclasses.replace(config, **changes, run_name=name, out_dir=str(out), resume="auto",
-                                     overwrite=False).resolved()
+        config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
+                                                    resume="auto", overwrite=False)).config
         config.steps(block)  # a warmup longer than the run is an error here, not at launch
         points.append(Point(name, config, chosen, out / name))
     names = [p.name for p in points]

@@ -2,10 +2,15 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
+import torch
 
 from configs import ConfigError, TrainConfig, load_config, save_config
+from conftest import ROOT
+from training.run_config import resolve_config
 from training.schedule import learning_rate
 
 
@@ -110,25 +115,52 @@ PUBLISHED_GPT2 = {
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_GPT2))
 def test_an_unset_hyperparameter_is_the_optimizers_published_one(name):
-    config = load_config("configs/gpt2_small_owt.py", [f"--optimizer={name}"])
-    settings = config.optimizer_settings()
+    run = resolve_config(load_config("configs/gpt2_small_owt.py", [f"--optimizer={name}"]))
+    settings = run.optimizer_settings
     for key, value in PUBLISHED_GPT2[name].items():
         assert settings[key] == (value, "published"), key
     assert settings["lr"] == (6e-4, "set")
-    resolved = config.resolved()
+    resolved = run.config
     assert (resolved.beta1, resolved.beta2) == PUBLISHED_GPT2[name]["betas"]
     assert resolved.weight_decay == PUBLISHED_GPT2[name]["weight_decay"]
-    assert resolved.resolved() == resolved  # resolving is idempotent: a recorded config resolves to itself
+    assert resolve_config(resolved).config == resolved  # idempotent: a recorded config resolves to itself
 
 
 def test_a_set_hyperparameter_wins_and_is_recorded(tmp_path):
-    config = load_config("configs/gpt2_small_owt.py", ["--optimizer=sophiag", "--beta2=0.95", "--weight_decay=0.3",
-                                                       "--optimizer_options={'rho': 0.03}"])
-    settings = config.optimizer_settings()
+    run = resolve_config(load_config("configs/gpt2_small_owt.py", ["--optimizer=sophiag", "--beta2=0.95",
+                                                                   "--weight_decay=0.3", "--optimizer_options={'rho': 0.03}"]))
+    settings = run.optimizer_settings
     assert settings["betas"] == ((0.965, 0.95), "set")  # beta1 keeps the published value
     assert settings["weight_decay"] == (0.3, "set") and settings["rho"] == (0.03, "set")
     assert settings["hessian_interval"] == (10, "default") and settings["eps"] == (1e-15, "default")
-    save_config(config.resolved(), tmp_path / "config.json")
+    save_config(run.config, tmp_path / "config.json")
     recorded = json.loads((tmp_path / "config.json").read_text())
     assert (recorded["beta1"], recorded["beta2"], recorded["weight_decay"]) == (0.965, 0.95, 0.3)
     assert recorded["optimizer_options"] == {"rho": 0.03, "hessian_interval": 10}
+
+
+def test_the_schema_imports_neither_the_evaluator_nor_asks_the_machine():
+    # Sweeps, reports and plots load thousands of configs: the schema is cheap and machine-free.
+    code = ("import sys, torch\n"
+            "torch.cuda.is_available = lambda: sys.exit('the schema asked for CUDA')\n"
+            "import configs\n"
+            "configs.load_config('configs/gpt2_small_owt.py', ['--device=cuda', '--zero_shot_tasks=nonexistent'])\n"
+            "assert 'eval' not in sys.modules and 'optim' not in sys.modules, sorted(sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("--device=cuda", None),  # (only where this torch has no CUDA device)
+    ("--zero_shot_tasks=hellaswg", r"zero_shot_tasks='hellaswg'.*did you mean 'hellaswag'"),
+    ("--optimizer=merti", r"unknown optimizer 'merti'"),
+    ("--optim_backend=gpu", r"optim_backend='gpu': use one of"),
+])
+def test_what_needs_the_registries_or_the_machine_is_checked_at_start_up(override, pattern):
+    config = load_config(None, ["--max_steps=1", override])  # the schema alone accepts it
+    if pattern is None:
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA device")
+        pattern = r"device='cuda', but this torch sees no CUDA device"
+    with pytest.raises(ConfigError, match=pattern):
+        resolve_config(config)

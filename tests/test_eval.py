@@ -15,7 +15,7 @@ from data.shards import write_shard
 from data.tokenizer import get_tokenizer
 from eval import evaluate
 from eval.scorer import Scorer
-from eval.tasks import TASKS, resolve
+from eval.tasks import TASKS, tasks_named
 from eval.samples import write_fixtures, write_harness_tasks
 from model import GPT, GPTConfig
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_model
@@ -60,7 +60,7 @@ def ours(trained):
     run_dir, tasks_dir = trained
     model, _ = load_model(run_dir / CHECKPOINT_NAME)
     scorer = Scorer(model, get_tokenizer("gpt2"), batch_size=16, show_progress=False)
-    return evaluate(scorer, resolve("paper"), data_dir=tasks_dir, log_samples=True)
+    return evaluate(scorer, tasks_named("paper"), data_dir=tasks_dir, log_samples=True)
 
 
 def metric_values(results: dict) -> dict:
@@ -98,7 +98,7 @@ def test_two_ranks_share_the_zero_shot_examples_and_log_every_metric(trained):
     root = run_dir.parent
     run_train(*train_args(root, "ddp", 2), nproc=2, timeout=600)
     model, _ = load_model(root / "ddp" / CHECKPOINT_NAME)
-    alone = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=4, show_progress=False), resolve("paper"),
+    alone = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=4, show_progress=False), tasks_named("paper"),
                      data_dir=tasks_dir)
     expected = {f"zero_shot/{task}/{k}": v for (task, k), v in metric_values(alone["results"]).items() if v is not None}
     logged = logged_zero_shot(root / "ddp")
@@ -110,7 +110,7 @@ def test_two_ranks_share_the_zero_shot_examples_and_log_every_metric(trained):
 def test_metrics_do_not_depend_on_batch_size(trained, ours):
     run_dir, tasks_dir = trained
     model, _ = load_model(run_dir / CHECKPOINT_NAME)
-    one = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=1, show_progress=False), resolve("paper"),
+    one = evaluate(Scorer(model, get_tokenizer("gpt2"), batch_size=1, show_progress=False), tasks_named("paper"),
                    data_dir=tasks_dir, log_samples=True)
     for key, value in metric_values(ours["results"]).items():
         other = metric_values(one["results"])[key]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eval import tasks as task_module
-from eval.tasks import GROUPS, TASKS, Task, resolve
+from eval.tasks import GROUPS, TASKS, Task, tasks_named
 from eval.samples import HARNESS_YAMLS, write_fixtures, write_harness_tasks
 
 KINDS = {"multiple_choice": "multiple_choice", "loglikelihood": "loglikelihood", "loglikelihood_rolling": "rolling"}
@@ -184,15 +184,15 @@ def test_winogrande_has_one_context_per_option_and_one_continuation():
     assert task.process(doc, [(-1.0, False), (-2.0, True)]) == {"acc": 1.0}
 
 
-def test_resolve_groups_order_and_errors():
-    assert [t.name for t in resolve("lambada_openai,superglue")] == ["lambada_openai", *GROUPS["superglue"]]
-    assert [t.name for t in resolve("paper")] == list(GROUPS["paper"])
-    assert [t.name for t in resolve(["boolq", "superglue", " boolq "])] == list(GROUPS["superglue"])
-    assert resolve("arc_easy")[0] is TASKS["arc_easy"]
+def test_tasks_named_groups_order_and_errors():
+    assert [t.name for t in tasks_named("lambada_openai,superglue")] == ["lambada_openai", *GROUPS["superglue"]]
+    assert [t.name for t in tasks_named("paper")] == list(GROUPS["paper"])
+    assert [t.name for t in tasks_named(["boolq", "superglue", " boolq "])] == list(GROUPS["superglue"])
+    assert tasks_named("arc_easy")[0] is TASKS["arc_easy"]
     with pytest.raises(ValueError, match=r"did you mean 'hellaswag'.*arc_easy.*superglue"):
-        resolve("lambada_openai,hellaswg")
+        tasks_named("lambada_openai,hellaswg")
     with pytest.raises(ValueError, match="no task"):
-        resolve(" , ")
+        tasks_named(" , ")
     with pytest.raises(ValueError, match="has no metric"):
         TASKS["piqa"].aggregate("f1", [(0, 1)])
 

@@ -11,6 +11,7 @@ import torch
 from configs import load_config
 from conftest import ROOT
 from model import GPT
+from training.run_config import resolve_config
 
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
@@ -40,7 +41,7 @@ def test_the_files_are_what_the_generator_writes():
 def test_every_point_resolves_to_the_published_settings(path):
     size, optimizer, variant, batch = NAME.fullmatch(path.stem).groups()
     config = load_config(path, [])
-    resolved = config.resolved()
+    resolved = resolve_config(config).config
     index = list(PARAMETERS).index(size)
     assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH[batch])
     assert config.max_tokens == 20 * PARAMETERS[size] and config.warmup_tokens == 0.02 * config.max_tokens
