@@ -29,13 +29,15 @@ from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
 from training import distributed, memory, run_folder
-from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_latest, load_sharded_state, save_in, save_sharded_in
+from training.checkpoint import CHECKPOINT_NAME, load_latest
 from training.instruments import UpdateStatistics, is_layer_key, probe_record
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.noise_scale import GradientNoiseScale, gpt_groups
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
+from training.run_config import RunConfig, resolve_config
 from training.schedule import learning_rate
+from training.state import LossWindow, RankRNG, RunState
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -52,15 +54,12 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
 
 
 class Trainer:
-    """The training loop; to the optimizer it is an ``optim.TrainingLoop`` (``model``, ``seed``,
-    ``gradients``), which the optimizer's ``after_step`` may use for extra passes."""
+    """The training loop of one run, from its resolved config (training/run_config.py)."""
 
-    def __init__(self, config: TrainConfig):
-        # Unset optimizer hyper-parameters take the optimizer's published values; the run records
-        # the resolved config (config.json, checkpoints, wandb).
-        self.optimizer_settings = config.optimizer_settings()
-        self.config = config = config.resolved()
-        self.seed = config.seed
+    def __init__(self, run: RunConfig):
+        # The resolved config is what the run trains with and records (config.json, checkpoints, wandb).
+        self.config = config = run.config
+        self.optimizer_settings = run.optimizer_settings
         self.ctx = distributed.setup(config.device)
         self.device = self.ctx.device
         self.layout = Layout.of(config.zero_stage, config.fsdp, self.ctx)
@@ -80,9 +79,9 @@ class Trainer:
         self.model = GPT(self.model_config).to(self.device)
         self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = optim.build(
-            config.optimizer, self.model, **config.optimizer_hyperparameters(), decay_embeddings=config.decay_embeddings,
+            config.optimizer, self.model, **run.optimizer_kwargs, decay_embeddings=config.decay_embeddings,
             batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
-            zero_redundancy=self.layout.strategy == "zero1")
+            zero_redundancy=self.layout.zero_redundancy)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
         self.update_statistics = UpdateStatistics(self.model)
@@ -90,7 +89,7 @@ class Trainer:
         self.noise_scale = (GradientNoiseScale(gpt_groups(self.model), config.micro_batch_size * self.model_config.block_size,
                                                self.grad_accum, self.ctx.world_size, config.noise_scale_ema)
                             if GradientNoiseScale.possible(self.grad_accum, self.ctx.world_size)
-                            and not self.layout.shards_parameters else None)
+                            and self.layout.holds_whole_gradients else None)
 
         block = self.model_config.block_size
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
@@ -108,13 +107,13 @@ class Trainer:
         self.tokens_per_step = config.batch_size * block
         self.peak_flops = peak_flops(config, self.device)
 
-        self.step = 0
         self.latest = {}  # the last value of every logged metric, for the final summary
-        # The train-loss sum of the kept steps since the last log step (per rank), and their
-        # number, on the device; checkpointed, so a resumed run logs the uninterrupted one's losses.
-        self.loss_window = torch.zeros((), device=self.device)
-        self.window_steps = torch.zeros((), dtype=torch.long, device=self.device)
+        self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
         self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.device)
+        # Everything a checkpoint holds (training/state.py); the layout saves and loads it.
+        self.state = RunState(self.model, self.optimizer, config=config.to_dict(), tokens_per_step=self.tokens_per_step,
+                              scaler=self.scaler, train_loader=self.train_loader, train_window=self.loss_window,
+                              noise_scale=self.noise_scale, rng=RankRNG(self.ctx))
         self.last_checkpoint_step = None
         if self.resuming:
             self.restore()
@@ -128,6 +127,11 @@ class Trainer:
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
         memory.reset_peak(self.device)  # the reported peak is training's, from here on
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (``self.state`` counts them)."""
+        return self.state.step
 
     # --- the loop ---
     def train(self):
@@ -155,11 +159,14 @@ class Trainer:
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
             loss, finite = self.train_step(log_step)
-            self.loss_window += torch.where(finite, loss, 0.0)  # a dropped step's loss is not averaged in
-            self.window_steps += finite
-            self.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
+            self.loss_window.add(loss, finite)
+            self.state.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
             interval_steps += 1
-            self.optimizer.after_step(self.step, self)
+            # After the step, before anything reads the weights (where weight interventions belong
+            # too): an optimizer's extra pass, a forward and backward of its own (Sophia-G's Hessian
+            # estimate, every 10 steps).
+            if self.optimizer.extra_pass_due(self.step):
+                self.optimizer.extra_pass(self.gradients, config.seed)
             progress.update()
             if self.step == first_step + 1:  # the optimizer state exists from the first step on
                 report = self.memory_report()
@@ -169,9 +176,7 @@ class Trainer:
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
-                self.log_train(self.loss_window / self.window_steps, interval_steps, elapsed, progress)
-                self.loss_window.zero_()
-                self.window_steps.zero_()
+                self.log_train(self.loss_window.pop_mean(), interval_steps, elapsed, progress)
                 interval_start, interval_steps = time.perf_counter(), 0
             if self.step % config.eval_interval == 0 or final:
                 self.log({"val/loss": self.validation_loss()})
@@ -213,8 +218,7 @@ class Trainer:
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
         self.nonfinite.record(self.step + 1, finite)
-        # Replicated state: the main rank measures. Sharded: every rank, for the ranks' shares.
-        diagnose = log_step and (self.ctx.is_main or self.layout.shards_optimizer_state)
+        diagnose = log_step and self.layout.measures_optimizer()
         if diagnose:
             self.optimizer.request_diagnostics()
         with self.update_statistics.measured() if diagnose else nullcontext():
@@ -269,16 +273,17 @@ class Trainer:
 
     @contextmanager
     def gradients(self, loss_fn: LossFn):
-        """``optim.TrainingLoop.gradients``: the gradient of loss_fn over the next global batch."""
+        """An ``optim.GradientFn``: inside, the gradient of loss_fn over the next global batch (for
+        an optimizer's extra pass); yields the model's parameters."""
         self.forward_backward(loss_fn)
-        yield
+        yield list(self.model.parameters())
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
     # --- measurements ---
     def log_train(self, mean_loss: torch.Tensor, steps: int, elapsed: float, progress):
         self.check_finite()  # at a log step the loop syncs anyway
-        loss = distributed.all_reduce_mean(mean_loss.clone(), self.ctx).item()
+        loss = distributed.all_reduce_mean(mean_loss, self.ctx).item()
         noise_scale = self.noise_scale.estimate(self.ctx) if self.noise_scale else {}
         diagnostics = self.optimizer.pop_diagnostics()  # (ZeRO-1: gathered from the ranks that own the state)
         update_statistics = self.update_statistics.pop()
@@ -332,7 +337,7 @@ class Trainer:
         """Memory per rank (MiB, training/memory.py), each the largest over the ranks (the first
         to run out): parameters, gradients, optimizer state, an activation estimate and the
         measured peak. Every rank calls it."""
-        mine = memory.report(self.model, self.optimizer, strategy=self.layout.strategy,
+        mine = memory.report(self.model, self.optimizer, gradient_copies=self.layout.gradient_copies,
                              micro_batch=self.config.micro_batch_size, compute_dtype=self.dtype, device=self.device)
         ranks = distributed.all_gather_objects(mine, self.ctx)
         return {key: max(report[key] for report in ranks) for key in mine}
@@ -371,29 +376,8 @@ class Trainer:
     # --- checkpoints ---
     def save_checkpoint(self):
         self.check_finite()
-        rng = {"cpu": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
-        rng_per_rank = distributed.all_gather_objects(rng, self.ctx)
-        loss_sums = distributed.all_gather_objects(self.loss_window.cpu(), self.ctx)
-        sharded = self.layout.shards_parameters  # FSDP2: each rank writes its shards (DCP)
-        # ZeRO-1: the ranks' state consolidated on rank 0, in the plain optimizer's format.
-        optimizer_state = ({} if sharded else self.optimizer.consolidated_state_dict()
-                           if self.layout.strategy == "zero1" else self.optimizer.state_dict())
-        checkpoint = None
-        if self.ctx.is_main:
-            checkpoint = Checkpoint(
-                model={} if sharded else self.model.state_dict(), model_args=vars(self.model_config).copy(),
-                optimizer=optimizer_state, scaler=self.scaler.state_dict(), step=self.step,
-                tokens=self.step * self.tokens_per_step, rng=rng_per_rank, train_loader=self.train_loader.state_dict(),
-                config=self.config.to_dict(), optim_backends=self.optimizer.backends(),
-                train_window={"steps": int(self.window_steps), "loss_sums": loss_sums},
-                noise_scale=self.noise_scale.state_dict() if self.noise_scale else {})
-        keep, permanent = self.config.keep_checkpoints, self.config.permanent_checkpoint_interval
-        if sharded:
-            save_sharded_in(self.run_dir, checkpoint, self.model, self.optimizer, self.step, keep, permanent)
-        elif checkpoint is not None:
-            save_in(self.run_dir, checkpoint, keep, permanent)
-        distributed.barrier(self.ctx)
+        self.layout.save(self.state, self.run_dir, self.config.keep_checkpoints,
+                         self.config.permanent_checkpoint_interval)
         self.last_checkpoint_step = self.step
 
     def zero_shot(self):
@@ -401,10 +385,10 @@ class Trainer:
         share of the examples, and log every metric as zero_shot/<task>/<metric>."""
         from eval import evaluate
         from eval.scorer import Scorer
-        from eval.tasks import resolve
+        from eval.tasks import tasks_named
         scorer = Scorer(self.layout.plain_model(self.model, on_every_rank=True), self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
                         show_progress=False)
-        output = evaluate(scorer, resolve(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
+        output = evaluate(scorer, tasks_named(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
                           limit=self.config.zero_shot_limit, rank=self.ctx.rank, world_size=self.ctx.world_size,
                           gather=lambda obj: distributed.all_gather_objects(obj, self.ctx))
         self.model.train()  # the scorer puts the model in eval mode
@@ -413,46 +397,12 @@ class Trainer:
                   if metric not in ("version", "n", "seconds") and value is not None})
 
     def restore(self):
-        state, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
-        state.check_compatible(vars(self.model_config), self.config.to_dict(), path)
-        if state.tensors == "dcp":  # DCP reshards: FSDP2 on any number of ranks, DDP or one process
-            if self.layout.strategy == "zero1":
-                raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with fsdp=True, "
-                                 f"or with zero_stage=0")
-            load_sharded_state(path, state, self.model, self.optimizer)
-        elif self.layout.shards_parameters:
-            raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
-                             f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
-        else:  # (ZeRO-1 takes the whole optimizer state and keeps its partition's share)
-            self.model.load_state_dict(state.model)
-            self.optimizer.load_state_dict(state.optimizer)
-        self.scaler.load_state_dict(state.scaler)
-        self.train_loader.load_state_dict(state.train_loader)
-        self.step = self.last_checkpoint_step = state.step
-        if state.train_window:
-            sums = state.train_window["loss_sums"]
-            # On another number of ranks each rank starts from the mean: the logged mean is the same.
-            mine = sums[self.ctx.rank] if len(sums) == self.ctx.world_size else torch.stack(sums).mean()
-            self.loss_window = mine.to(self.device)
-            self.window_steps.fill_(state.train_window["steps"])
-        if state.noise_scale and self.noise_scale:
-            self.noise_scale.load_state_dict(state.noise_scale)
-        # Each rank continues its own RNG stream. On another number of ranks the batches are split
-        # differently anyway, so the dropout noise cannot continue exactly: a rank the checkpoint
-        # has no state for keeps the fresh state seeded by seed + rank in __init__.
-        saved_ranks = len(state.rng)
-        if self.ctx.rank < saved_ranks:
-            rng = state.rng[self.ctx.rank]
-            torch.set_rng_state(rng["cpu"])
-            if rng["cuda"] is not None and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
-        if saved_ranks != self.ctx.world_size and self.ctx.is_main:
-            fresh = (f"; ranks {saved_ranks}..{self.ctx.world_size - 1} start fresh seed-derived RNG states"
-                     if self.ctx.world_size > saved_ranks else "")
-            print(f"resuming on {self.ctx.world_size} ranks from a checkpoint of {saved_ranks}: the global batches "
-                  f"continue exactly from the saved data position, dropout noise does not{fresh}")
+        checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
+        checkpoint.check_compatible(vars(self.model_config), self.config.to_dict(), path)
+        self.layout.load(self.state, checkpoint, path)
+        self.last_checkpoint_step = self.step
         if self.ctx.is_main:
-            print(f"resumed {path} at step {self.step} (written by code {state.code_version})")
+            print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})")
 
     def close(self):
         """Stop the loaders' prefetch threads and leave the process group."""
@@ -473,7 +423,7 @@ def main(argv: list[str]):
     config_path = argv[0] if argv and not argv[0].startswith("--") else None
     try:
         config = load_config(config_path, argv[1:] if config_path else argv)
-        trainer = Trainer(config)
+        trainer = Trainer(resolve_config(config))
     except (ValueError, OSError) as error:  # a bad config, run folder, data folder or checkpoint
         sys.exit(f"train.py: {error}")
     try:

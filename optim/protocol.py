@@ -8,8 +8,11 @@ The loop calls, and nothing else:
   host in one transfer. Keys are ``"<statistic>/<parameter name>"`` (e.g.
   ``"clip_fraction/transformer.h.3.attn.c_attn.weight"``), so a dashboard shows each statistic as
   one panel group with a curve per layer.
-* ``after_step(step, loop)`` after optimizer step ``step`` (1-based): extra passes an optimizer
-  needs, such as Sophia-G's Hessian estimate, through the ``TrainingLoop`` it is handed.
+* ``extra_pass_due(step)`` after optimizer step ``step`` (1-based): whether the optimizer needs an
+  extra pass now, such as Sophia-G's Hessian estimate every 10 steps; then ``extra_pass(gradients,
+  seed)``, which gets the gradients of a loss of its own through the ``GradientFn`` it is handed
+  (the training loop's forward and backward over the next global batch), never the loop itself,
+  and the run's seed for any sampling it does.
 * ``backends()`` and ``describe()``: which implementation steps each parameter group, for the
   start-up summary, the metrics log and the checkpoint.
 
@@ -18,24 +21,16 @@ AdamW in optim/adamw.py), with the defaults: no extra passes, the torch implemen
 """
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 # loss_fn(model, x, y, offset) -> scalar loss of micro-batch (x, y); offset: x's place in the token stream.
 LossFn = Callable[[nn.Module, Tensor, Tensor, int], Tensor]
-
-
-class TrainingLoop(Protocol):
-    """What ``after_step`` may use of the training loop."""
-
-    model: nn.Module  # the plain model (parameters, in their training order)
-    seed: int         # the run's seed
-
-    def gradients(self, loss_fn: LossFn) -> AbstractContextManager[None]:
-        """Inside: every parameter's ``.grad`` is the gradient of ``loss_fn``, averaged over the next
-        global batch (all ranks, all micro-batches) and unscaled; cleared on exit."""
+# gradients(loss_fn): a context inside which every parameter's ``.grad`` is the gradient of loss_fn,
+# averaged over the next global batch (all ranks, all micro-batches) and unscaled, cleared on exit;
+# it yields the model's parameters (in their training order).
+GradientFn = Callable[[LossFn], AbstractContextManager[list[Tensor]]]
 
 
 class TrainingHooks:
@@ -79,8 +74,13 @@ class TrainingHooks:
         elif not found_inf.item():
             self.step()
 
-    def after_step(self, step: int, loop: TrainingLoop) -> None:
-        """Extra passes after optimizer step ``step`` (1-based); none by default."""
+    def extra_pass_due(self, step: int) -> bool:
+        """Whether an extra pass follows optimizer step ``step`` (1-based); never by default."""
+        return False
+
+    def extra_pass(self, gradients: GradientFn, seed: int) -> None:
+        """The extra pass, run by the training loop where ``extra_pass_due``; ``seed``: the run's."""
+        raise NotImplementedError(f"{type(self).__name__} has no extra pass")
 
     def backends(self) -> dict[str, str]:
         """Per parameter group ("group0", ...): the implementation that steps its tensors."""

@@ -5,7 +5,8 @@
     p = p - lr * sign(m) * min(|m| / (rho * bs * h + eps), 1)      # eps = 1e-15
 
 with ``h`` an EMA (beta2) of squared Gauss-Newton-Bartlett gradients, refreshed after every
-``hessian_interval``-th step (``after_step``), and ``bs`` the tokens per optimizer step.
+``hessian_interval``-th step (the training loop runs ``extra_pass``), and ``bs`` the tokens per
+optimizer step.
 """
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from . import sharding
 from .base import Optimizer, step_counter, zeros_like
-from .protocol import LossFn, TrainingLoop
+from .protocol import GradientFn, LossFn
 
 
 class SophiaG(Optimizer):
@@ -73,18 +74,16 @@ class SophiaG(Optimizer):
             self.record_diagnostics(group, index, win_rate=won / numel,
                                     hessian_norm=sharding.total(h.square().sum(), shards).sqrt())
 
-    def hessian_due(self, step: int) -> bool:
+    def extra_pass_due(self, step: int) -> bool:
         """Whether the Hessian estimate is refreshed after optimizer step ``step`` (1-based)."""
         return step % self.hessian_interval == 0
 
-    def after_step(self, step: int, loop: TrainingLoop) -> None:
-        """The Gauss-Newton-Bartlett estimate, every ``hessian_interval`` steps: the gradient, on
-        the next global batch, of the loss against labels sampled from the model's own softmax at
-        every position, clipped to norm 1, squared into h (skipped if not finite: fp16 overflow)."""
-        if not self.hessian_due(step):
-            return
-        with loop.gradients(sampled_label_loss(loop.seed)):
-            norm = torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1.0)
+    def extra_pass(self, gradients: GradientFn, seed: int) -> None:
+        """The Gauss-Newton-Bartlett estimate: the gradient, on the next global batch, of the loss
+        against labels sampled (seeded by ``seed``) from the model's own softmax at every position,
+        clipped to norm 1, squared into h (skipped if not finite: fp16 overflow)."""
+        with gradients(sampled_label_loss(seed)) as parameters:
+            norm = torch.nn.utils.clip_grad_norm_(parameters, 1.0)
             if norm.isfinite():  # one host sync every hessian_interval steps
                 self.update_hessian()
 

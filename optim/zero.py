@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .protocol import TrainingHooks, TrainingLoop
+from .protocol import GradientFn, TrainingHooks
 
 
 class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
@@ -83,8 +83,11 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
         dist.all_gather_object(parts, self.optim.pop_diagnostics(), group=self.process_group)
         return {key: value for part in parts for key, value in part.items()}
 
-    def after_step(self, step: int, loop: TrainingLoop) -> None:
-        self.optim.after_step(step, loop)  # extra passes update this rank's state only
+    def extra_pass_due(self, step: int) -> bool:
+        return self.optim.extra_pass_due(step)
+
+    def extra_pass(self, gradients: GradientFn, seed: int) -> None:
+        self.optim.extra_pass(gradients, seed)  # (it updates this rank's state only)
 
     def backends(self) -> dict[str, str]:
         return self.optim.backends()

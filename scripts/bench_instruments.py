@@ -46,6 +46,7 @@ def main(argv=None) -> None:
     from configs import load_config
     from data.shards import write_shard
     from train import Trainer
+    from training.run_config import resolve_config
     from training.instruments import probe_record
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,7 +57,7 @@ def main(argv=None) -> None:
         config = load_config(args.config, [f"--{item}" for item in args.set] + [
             f"--data_dir={tmp}", f"--out_dir={tmp}/runs", "--tokenizer=byte", "--wandb_mode=disabled",
             f"--micro_batch_size={max(1, base.batch_size // 2)}"])
-        trainer = Trainer(config)
+        trainer = Trainer(resolve_config(config))
         try:
             assert trainer.noise_scale is not None, "the noise scale needs accumulation: batch_size >= 2"
             probe_batch = trainer.probe_batch.to(trainer.device)

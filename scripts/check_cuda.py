@@ -70,7 +70,7 @@ def run_optimizer(make, backend, shapes, device, dtype, steps, flagged: bool) ->
                 opt.step_unless(torch.zeros((), device=device))
             else:
                 opt.step()
-        if isinstance(opt, SophiaG) and opt.hessian_due(k + 1):
+        if isinstance(opt, SophiaG) and opt.extra_pass_due(k + 1):
             for p, g in zip(params, gs):
                 p.grad = 0.1 * g.to(device, dtype)
             opt.update_hessian()

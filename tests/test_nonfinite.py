@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, no_host_reads, run_train
+from conftest import ROOT, no_host_reads, train_here
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.run_config import resolve_config
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
         "--dropout=0.0", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2", "--batch_size=2",
@@ -18,11 +19,11 @@ TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_siz
 def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards, tmp_path):
     common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=adamw",
               "--log_interval=2", "--checkpoint_interval=2"]
-    run_train(*common, "--max_steps=4")
+    train_here(*common, "--max_steps=4")
     path = tmp_path / "default" / CHECKPOINT_NAME
     good = path.read_bytes()
     # lr 1e30: step 5's update overflows the weights, step 6's gradient is NaN.
-    diverged = run_train(*common, "--max_steps=8", "--resume", "--lr=1e30", check=False)
+    diverged = train_here(*common, "--max_steps=8", "--resume", "--lr=1e30", check=False)
     assert diverged.returncode == 1, diverged.stderr[-2000:]
     assert "non-finite gradient at step 6: stopping without saving" in diverged.stderr
     assert f"The last good checkpoint is {path} at step 4" in diverged.stderr
@@ -31,8 +32,8 @@ def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards,
 
 
 def _trainer(byte_shards, tmp_path, *extra):
-    return Trainer(load_config(None, [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
-                                      "--log_interval=1", *extra]))
+    return Trainer(resolve_config(load_config(None, [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
+                                              "--log_interval=1", *extra])))
 
 
 def _poison(trainer, steps):

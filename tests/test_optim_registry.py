@@ -9,11 +9,12 @@ from torch import nn
 
 import optim
 from configs import ConfigError, load_config
-from conftest import ROOT, run_train
+from conftest import ROOT, train_here
 from optim import backends
 from optim.backends import cpp, reference, triton
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.run_config import resolve_config
 
 TINY_RUN = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
             "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
@@ -69,7 +70,7 @@ def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, 
         optim.register("Signum", Signum)
     config = load_config(None, [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
                                 "--optimizer=signum", "--max_steps=3", "--lr=0.01", "--min_lr=0.001"])
-    trainer = Trainer(config)
+    trainer = Trainer(resolve_config(config))
     # No published settings: its own defaults, never another optimizer's.
     assert isinstance(trainer.optimizer, Signum) and trainer.optimizer.defaults["betas"] == (0.9, 0.0)
     start = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -133,19 +134,19 @@ def test_describe_names_the_backend_of_each_group():
 
 def test_bad_backend_settings_are_clear_errors():
     p = nn.Parameter(torch.ones(3, 2))
-    with pytest.raises(ValueError, match="unknown optim_backend 'gpu'"):
+    with pytest.raises(ValueError, match="optim_backend='gpu': use one of 'auto', 'torch', 'cpp', 'triton'"):
         optim.MERIT([p], backend="gpu")
     with pytest.raises(ValueError, match="optim_backend='cpp' takes none of these parameters.*float32, bfloat16"):
         optim.Lion([nn.Parameter(torch.ones(3, dtype=torch.float16))], backend="cpp")
     with pytest.raises(ValueError, match="does not apply to AdamW"):
         optim.build("adamw", [p], lr=0.1, backend="cpp")
     with pytest.raises(ConfigError, match="optim_backend='gpu': use one of 'auto', 'torch', 'cpp', 'triton'"):
-        load_config(None, ["--optim_backend=gpu", "--max_steps=1"])
+        resolve_config(load_config(None, ["--optim_backend=gpu", "--max_steps=1"]))
 
 
 def test_optim_backend_reaches_the_summary_the_metrics_and_the_checkpoint(byte_shards, tmp_path):
-    result = run_train(*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=2",
-                       "--optimizer=lion", "--optim_backend=torch")
+    result = train_here(*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=2",
+                        "--optimizer=lion", "--optim_backend=torch")
     assert "optimizer implementation (optim_backend 'torch')" in result.stdout
     assert "weight_decay 1.0: torch" in result.stdout  # Lion's published weight decay
     saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)

@@ -115,7 +115,7 @@ def _run_sophia(batch_tokens, backend, interval=3, seed=1, steps=STEPS):
         opt.step()
         for ref, g in zip(refs, grads[step - 1]):
             ref.step(g.numpy())
-        if opt.hessian_due(step):
+        if opt.extra_pass_due(step):
             a.grad, b.grad = (g.clone() for g in hess_grads[step - 1])
             opt.update_hessian()
             for ref, g in zip(refs, hess_grads[step - 1]):
@@ -152,7 +152,7 @@ def test_sophia_before_first_hessian_update_is_clipped_sign_momentum(backend):
 @pytest.mark.parametrize("interval, expected", [(10, [10, 20, 30]), (7, [7, 14, 21, 28])])
 def test_sophia_hessian_schedule(interval, expected):
     opt = SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1, hessian_interval=interval)
-    assert [s for s in range(1, 31) if opt.hessian_due(s)] == expected
+    assert [s for s in range(1, 31) if opt.extra_pass_due(s)] == expected
     assert SophiaG([nn.Parameter(torch.zeros(2))], batch_tokens=1).hessian_interval == 10
 
 
@@ -220,7 +220,7 @@ def test_kernels_match_the_torch_reference(kernel, name, dtype, tol):
             for p, g in zip(params, gs):
                 p.grad = g.to(dtype)
             opt.step()
-            if name == "sophiag" and opt.hessian_due(k + 1):
+            if name == "sophiag" and opt.extra_pass_due(k + 1):
                 for p, g in zip(params, gs):
                     p.grad = g.to(dtype) * 0.1
                 opt.update_hessian()
@@ -243,7 +243,7 @@ def test_diagnostics_do_not_change_the_update(name):
             for p, g in zip(ps, grads):
                 p.grad = g.clone()
             opt.step()
-            if isinstance(opt, SophiaG) and opt.hessian_due(step):
+            if isinstance(opt, SophiaG) and opt.extra_pass_due(step):
                 opt.update_hessian()
         assert opts[1].pop_diagnostics()
         for p, q in zip(params, twins):
@@ -268,7 +268,7 @@ def test_state_dict_round_trip_continues_bitwise(name, keys):
         for p, g in zip(ps, grads[k]):
             p.grad = g.clone()
         opt.step()
-        if isinstance(opt, SophiaG) and opt.hessian_due(k + 1):
+        if isinstance(opt, SophiaG) and opt.extra_pass_due(k + 1):
             for p, g in zip(ps, grads[k]):
                 p.grad = g.square()
             opt.update_hessian()

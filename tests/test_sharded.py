@@ -80,10 +80,11 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Loop:
-    """The optim.TrainingLoop of these runs: Sophia-G's Hessian pass takes its gradients here."""
+    """The training loop of these runs: Sophia-G's Hessian pass takes its gradients from ``gradients``
+    (an ``optim.GradientFn``)."""
 
     def __init__(self, model, optimizer, weight: float):
-        self.model, self.optimizer, self.weight, self.seed = model, optimizer, weight, 0
+        self.model, self.optimizer, self.weight = model, optimizer, weight
 
     def backward(self, loss_fn, step: int):
         x, y = batch(step)
@@ -92,7 +93,7 @@ class Loop:
     @contextmanager
     def gradients(self, loss_fn):
         self.backward(loss_fn, 10_000 + self.step)
-        yield
+        yield list(self.model.parameters())
         self.optimizer.zero_grad(set_to_none=True)
 
 
@@ -106,7 +107,8 @@ def train(loop: Loop, start: int, stop: int) -> dict:
         loop.optimizer.step()
         diagnostics.update(loop.optimizer.pop_diagnostics())
         loop.optimizer.zero_grad(set_to_none=True)
-        loop.optimizer.after_step(step + 1, loop)
+        if loop.optimizer.extra_pass_due(step + 1):
+            loop.optimizer.extra_pass(loop.gradients, seed=0)
     return diagnostics
 
 

@@ -68,13 +68,15 @@ def peak_bytes(device: torch.device) -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, strategy: str, micro_batch: int,
+def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, gradient_copies: int, micro_batch: int,
            compute_dtype: torch.dtype, device: torch.device) -> dict[str, float]:
     """This rank's memory as metrics (MiB): ``memory/params``, ``memory/grads``,
-    ``memory/optimizer_state``, ``memory/activations_estimate``, ``memory/peak``."""
+    ``memory/optimizer_state``, ``memory/activations_estimate``, ``memory/peak``.
+    ``gradient_copies``: 2 where DDP's buckets hold a second copy of the gradients
+    (``Layout.gradient_copies``)."""
     config = model.config
     params = tensor_bytes(model.parameters())
-    grads = params * (2 if strategy in ("ddp", "zero1") else 1)  # DDP's buckets hold a second copy
+    grads = params * gradient_copies
     activations = activation_bytes(config.n_layer, config.n_head, config.n_embd, config.vocab_size, micro_batch,
                                    config.block_size, compute_dtype, fused_attention=device.type == "cuda")
     values = {"params": params, "grads": grads, "optimizer_state": optimizer_state_bytes(optimizer),

@@ -10,9 +10,11 @@ fsdp       sharded by rows (FSDP2)         sharded by rows, like its parameter (
 =========  ==============================  =================================================
 
 ``Layout`` is the one place that knows which: the training loop asks it to wrap the model, to
-reduce gradients on the last accumulation micro-step only, and to gather a plain model for the
-work that does not run on every rank in step (the probe, samples, zero-shot evaluation); the
-loop otherwise reads like a single-process loop.
+reduce gradients on the last accumulation micro-step only, to gather a plain model for the work
+that does not run on every rank in step (the probe, samples, zero-shot evaluation), and to save
+and load the run's state (training/state.py) as its checkpoint: inline (one process, DDP), the
+ZeRO-1 state consolidated on rank 0 into the inline format, or every rank's shards with DCP
+(FSDP2; training/checkpoint.py). The loop otherwise reads like a single-process loop.
 """
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT
 from optim.sharding import local
+from training import distributed
+from training.checkpoint import Checkpoint, load_sharded_state, save_in, save_sharded_in
 from training.distributed import Distributed
+from training.state import RunState
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,24 @@ class Layout:
         return self.strategy == "fsdp"
 
     @property
-    def shards_optimizer_state(self) -> bool:
-        return self.strategy in ("zero1", "fsdp")
+    def zero_redundancy(self) -> bool:
+        """Whether the optimizer is wrapped in ZeRO-1 (``optim.build(..., zero_redundancy=)``)."""
+        return self.strategy == "zero1"
+
+    @property
+    def holds_whole_gradients(self) -> bool:
+        """Whether a rank holds whole gradients (not under FSDP2: the gradient noise scale needs them)."""
+        return not self.shards_parameters
+
+    @property
+    def gradient_copies(self) -> int:
+        """Copies of the gradients a rank holds: DDP's buckets are a second one."""
+        return 2 if self.strategy in ("ddp", "zero1") else 1
+
+    def measures_optimizer(self) -> bool:
+        """Whether this rank measures the optimizer's diagnostics and the update statistics at a log
+        step: the main rank of a replicated state; with a sharded one every rank, for its share."""
+        return self.ctx.is_main or self.strategy in ("zero1", "fsdp")
 
     def shard(self, model: GPT, param_dtype: torch.dtype) -> None:
         """FSDP2: shard every transformer block and then the rest (embeddings, final norm, the tied
@@ -109,3 +130,37 @@ class Layout:
             finite = finite.to(torch.int32)
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         return bool(finite)
+
+    # --- checkpoints ---
+    def save(self, state: RunState, run_dir, keep: int, permanent_interval: int = 0) -> None:
+        """Write ``state`` as run_dir's newest checkpoint, then prune to the newest ``keep`` (and
+        every ``permanent_interval``-th); every rank calls it."""
+        fields = state.state_dict()  # (collectives: every rank's RNG states and loss sums)
+        main = self.ctx.is_main
+        if self.shards_parameters:  # every rank writes its shards
+            checkpoint = Checkpoint(model={}, optimizer={}, **fields) if main else None
+            save_sharded_in(run_dir, checkpoint, state.model, state.optimizer, state.step, keep, permanent_interval)
+        else:  # ZeRO-1: the ranks' state consolidated on rank 0, in the plain optimizer's format
+            optimizer = (state.optimizer.consolidated_state_dict() if self.zero_redundancy
+                         else state.optimizer.state_dict())
+            if main:
+                save_in(run_dir, Checkpoint(model=state.model.state_dict(), optimizer=optimizer, **fields), keep,
+                        permanent_interval)
+        distributed.barrier(self.ctx)
+
+    def load(self, state: RunState, checkpoint: Checkpoint, path) -> None:
+        """Continue ``state`` from ``checkpoint`` (read from ``path``); every rank calls it. A
+        sharded checkpoint reshards (FSDP2 on any number of ranks, DDP or one process); a whole-model
+        file loads anywhere but under FSDP2 (ZeRO-1 keeps its partition's share of the state)."""
+        if checkpoint.tensors == "dcp":
+            if self.zero_redundancy:
+                raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
+                                 f"fsdp=True, or with zero_stage=0")
+            load_sharded_state(path, checkpoint, state.model, state.optimizer)
+        elif self.shards_parameters:
+            raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
+                             f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
+        else:
+            state.model.load_state_dict(checkpoint.model)
+            state.optimizer.load_state_dict(checkpoint.optimizer)
+        state.load_state_dict(checkpoint)
