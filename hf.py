@@ -17,7 +17,8 @@ and nanomerit.json (where the weights came from). Then, with no network,
 The folder is written under a temporary name beside OUT_DIR, checked (its weights are read back
 and compared with the checkpoint's) and renamed into place (atomic.atomic_directory), so a failed
 export never leaves a complete-looking folder. An existing non-empty OUT_DIR is replaced only
-with force=True.
+with force=True, and only if it is an earlier export; OUT_DIR may never be the checkpoint's run
+folder or contain it.
 """
 import functools
 import json
@@ -125,13 +126,30 @@ def check_folder(folder: Path, model: GPT, dtype: str):
             raise RuntimeError(f"the exported {key} does not read back as the checkpoint's")
 
 
+def check_export_target(checkpoint_path: Path, out_dir: Path, force: bool) -> None:
+    """Refuse an ``out_dir`` that is or contains the checkpoint's run folder (the export would
+    replace its input), and one that holds anything but an earlier export unless empty: ``force``
+    replaces only an HF folder this module wrote (it has nanomerit.json)."""
+    sources = {checkpoint_path.absolute().parent, checkpoint_path.resolve().parent}
+    for source in sources:
+        if source == out_dir or out_dir in source.parents:
+            raise ValueError(f"{out_dir} holds the checkpoint {checkpoint_path} (its run folder {source}): the "
+                             f"export would replace its own input; choose an out_dir outside the run folder")
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return
+    if not out_dir.is_dir() or not (out_dir / "nanomerit.json").is_file():
+        raise FileExistsError(f"{out_dir} exists and is not a Hugging Face export (no nanomerit.json): choose "
+                              f"another out_dir (--force replaces only an earlier export)")
+    if not force:
+        raise FileExistsError(f"{out_dir} exists and holds an earlier export: pass --force to replace it")
+
+
 def export(checkpoint_path, out_dir, dtype: str = "float32", force: bool = False, tokenizer: str | None = None) -> Path:
     """Write the checkpoint at checkpoint_path as a Hugging Face GPT-2 folder out_dir; returns out_dir."""
     checkpoint_path, out_dir = Path(checkpoint_path), Path(os.path.abspath(out_dir))
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())) and not force:
-        raise FileExistsError(f"{out_dir} exists and is not an empty folder: pass --force to replace it")
+    check_export_target(checkpoint_path, out_dir, force)
     model, checkpoint = load_model(checkpoint_path)
     tokenizer = tokenizer or checkpoint.config.get("tokenizer")
     if tokenizer is None:

@@ -7,6 +7,11 @@ Task data comes from the Hugging Face hub through `datasets`, or with --data-dir
 files <DIR>/<task>.jsonl or .parquet in the hub's schema. Prints a table and writes a JSON file
 with every metric, its stderr, n, the task versions, the tokenizer, the checkpoint's step and
 the exact configuration; --log-samples adds every example's requests and log-likelihoods.
+
+An existing results file of the same model (the same checkpoint at the same step, or the same HF
+folder) is merged by task: a task evaluated again replaces its own result, the others stay, and
+each task keeps the configuration it was evaluated with (``task_config``). A results file of
+another model is never replaced unless --overwrite is given.
 """
 import argparse
 import json
@@ -47,6 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="results JSON (default: results.json next to --ckpt)")
     parser.add_argument("--log-samples", action="store_true", help="add per-example log-likelihoods to the JSON")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out even if it holds another model's results")
     args = parser.parse_args(argv)
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--batch-size and --limit must be positive")
@@ -54,7 +60,9 @@ def main(argv=None) -> None:
     tasks = tasks_named(args.tasks)
     try:
         model, tokenizer_name, source_info = load(args)
-    except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder
+        out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))
+        earlier = earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation
+    except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder, a results file
         sys.exit(f"eval: {error}")
     scorer = Scorer(model.to(args.device), get_tokenizer(tokenizer_name), batch_size=args.batch_size,
                     device=args.device)
@@ -63,13 +71,35 @@ def main(argv=None) -> None:
     except (ConnectionError, FileNotFoundError) as error:  # task data neither on the hub nor local
         sys.exit(f"eval: {error}")
     print(format_table(output["results"]))
-    out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))
+    eval_config = {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()}
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),
-              "eval_config": {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()},
-              "command": sys.argv}
+              "eval_config": eval_config, "command": sys.argv,
+              "task_config": {task: {"eval_config": eval_config, "command": sys.argv} for task in output["results"]}}
+    for key in ("results", "samples", "task_config"):  # the earlier tasks stay; a task run again is replaced
+        if key in earlier or key in record:
+            record[key] = {**earlier.get(key, {}), **record.get(key, {})}
     with atomic_write(out) as f:
         f.write(json.dumps(record, indent=2).encode())
     print(f"wrote {out}")
+
+
+def earlier_results(out: Path, source_info: dict, overwrite: bool) -> dict:
+    """The results already in ``out`` to merge with (nothing with ``overwrite`` or no file); an
+    error if they are of another model, so that one evaluation never replaces another's."""
+    if overwrite or not out.exists():
+        return {}
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--out {out} exists and is not a results file ({error}): choose another --out, or "
+                         f"pass --overwrite to replace it") from error
+    identity = ("ckpt", "step", "hf")
+    if not isinstance(earlier, dict) or "results" not in earlier or any(
+            earlier.get(key) != source_info.get(key) for key in identity):
+        held = ", ".join(f"{key} {earlier.get(key)}" for key in identity if isinstance(earlier, dict) and key in earlier)
+        raise ValueError(f"--out {out} holds the results of another model ({held or 'not a results file'}): "
+                         f"choose another --out, or pass --overwrite to replace them")
+    return earlier
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ A folder that holds a run (its checkpoint, metrics, config) is continued only wi
 ``resume`` and started over only with ``overwrite``; anything else is an error that says which
 to choose, so a rerun of a run name never silently replaces a run. ``resume="auto"`` continues
 a checkpoint if there is one and otherwise starts afresh, clearing what a run that died before
-its first checkpoint left: what ``torchrun --max-restarts`` and a requeued SLURM job need.
+its first checkpoint left: what ``torchrun --max-restarts`` and a requeued SLURM job need. A
+folder whose log shows training steps but which has no checkpoint (they were deleted, say to free
+disk) is not such a run: ``resume="auto"`` refuses it rather than replace its log.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import json
 from pathlib import Path
 
 from training.checkpoint import CHECKPOINT_NAME, numbered
@@ -35,6 +38,12 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         return True, []
     held = [name for name in RUN_FILES if (run_dir / name).exists() or (run_dir / name).is_symlink()]
     held += [path.name for path in numbered(run_dir)] if run_dir.is_dir() else []
+    trained = last_logged_step(run_dir / "metrics.jsonl")
+    if held and resume == "auto" and trained:
+        raise FileExistsError(f"--resume=auto: the run folder {run_dir} holds a run that trained to step {trained} "
+                              f"(its metrics.jsonl) but no checkpoint ({', '.join(held)}): starting afresh would "
+                              f"replace its log. Restore its checkpoints to continue it, start it over with "
+                              f"--overwrite, or choose another run_name")
     if held and resume != "auto" and not overwrite:
         raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
                               f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
@@ -46,6 +55,21 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         raise PermissionError(f"cannot write the run folder {run_dir}: {existing} is not writable; choose a "
                               f"writable out_dir")
     return False, held
+
+
+def last_logged_step(log: Path) -> int:
+    """The largest step a metrics log records (0 without one; torn lines are skipped)."""
+    if not log.is_file() or log.is_symlink():
+        return 0
+    steps = [0]
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            steps.append(record["step"])
+    return max(steps)
 
 
 def prepare(run_dir: Path, stale: list[str]) -> None:
