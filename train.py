@@ -64,7 +64,9 @@ class Trainer:
         self.device = self.ctx.device
         self.layout = Layout.of(config.zero_stage, config.fsdp, self.ctx)
         self.run_dir = Path(config.out_dir) / config.run_name
-        # Every input is checked before anything is written: the run folder is made in train().
+        # Every input is checked before anything is written: the run folder is locked last (end of
+        # __init__) and prepared in train().
+        folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
         verify_manifest(config.data_dir, config.tokenizer)
         self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
@@ -126,6 +128,7 @@ class Trainer:
             self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.run_lock = self.lock_run_folder(folder_seen)
         memory.reset_peak(self.device)  # the reported peak is training's, from here on
 
     @property
@@ -404,8 +407,32 @@ class Trainer:
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})")
 
+    def lock_run_folder(self, seen: list) -> run_folder.RunLock | None:
+        """The main rank takes the run folder's lock (training/run_folder.py), refused if another
+        live run holds it, or if the folder changed since ``seen`` (what this run's start was decided
+        on: another run used it meanwhile); every rank learns the outcome."""
+        lock, refusal = None, None
+        if self.ctx.is_main:
+            lock = run_folder.RunLock(self.run_dir)
+            try:
+                took_over = lock.acquire()
+                if took_over:
+                    print(f"{self.run_dir}: {took_over}")
+                if run_folder.fingerprint(self.run_dir) != seen:
+                    lock.release()
+                    refusal = (f"the run folder {self.run_dir} changed while this run started (another run wrote "
+                               f"to it meanwhile): start this run again")
+            except OSError as error:
+                refusal = str(error)
+        refusal = distributed.all_gather_objects(refusal, self.ctx)[0]
+        if refusal:
+            raise run_folder.RunFolderLocked(refusal)
+        return lock
+
     def close(self):
-        """Stop the loaders' prefetch threads and leave the process group."""
+        """Stop the loaders' prefetch threads, give the run folder up and leave the process group."""
+        if self.run_lock is not None:
+            self.run_lock.release()
         self.train_loader.close()
         self.val_loader.close()
         distributed.teardown(self.ctx)

@@ -7,18 +7,33 @@ a checkpoint if there is one and otherwise starts afresh, clearing what a run th
 its first checkpoint left: what ``torchrun --max-restarts`` and a requeued SLURM job need. A
 folder whose log shows training steps but which has no checkpoint (they were deleted, say to free
 disk) is not such a run: ``resume="auto"`` refuses it rather than replace its log.
+
+``RunLock`` makes the ownership hold while a run is going: the run's main rank holds the lock
+file ``.lock`` in the folder (created exclusively, which works on NFS and Lustre too, with the
+holder's host, pid and start time, its modification time renewed as a heartbeat), so a second
+run on the same folder is refused at once, naming the holder. A lock whose holder is gone (its
+process is dead on this host, or its heartbeat stopped: kill -9, a lost node) is taken over,
+and said so.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import json
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from training.checkpoint import CHECKPOINT_NAME, numbered
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
+LOCK_NAME = ".lock"
+HEARTBEAT_SECONDS = 30.0  # how often the holder renews the lock's modification time
+STALE_SECONDS = 300.0  # a lock not renewed for this long is a dead holder's (a lost node's)
 
 
 def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, list[str]]:
@@ -78,3 +93,115 @@ def prepare(run_dir: Path, stale: list[str]) -> None:
     for name in stale:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def fingerprint(run_dir: Path) -> list[tuple]:
+    """What the folder holds (names, sizes, modification times, where ckpt.pt points), the lock
+    aside: a run compares it before deciding how to start and after taking the lock."""
+    if not run_dir.is_dir():
+        return []
+    entries = []
+    for path in sorted(run_dir.iterdir()):
+        if path.name == LOCK_NAME:
+            continue
+        stat = path.lstat()
+        entries.append((path.name, stat.st_size, stat.st_mtime_ns,
+                        os.readlink(path) if path.is_symlink() else None))
+    return entries
+
+
+class RunFolderLocked(OSError):
+    """Another live run holds the run folder."""
+
+
+class RunLock:
+    """The run folder's lock, held by one process (the run's main rank) from ``acquire`` to
+    ``release``."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def acquire(self) -> str | None:
+        """Take the lock (making the folder), or raise RunFolderLocked naming the holder. Returns a
+        line saying so when a dead holder's lock was taken over, else None."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        identity = {"host": socket.gethostname(), "pid": os.getpid(),
+                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": self.token}
+        took_over = None
+        for _ in range(3):  # (another process may take over the same stale lock at the same moment)
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder, age = self._holder()
+                if not _is_stale(holder, age):
+                    raise RunFolderLocked(
+                        f"the run folder {self.path.parent} is in use by another run: {_describe(holder, age)}. "
+                        f"Wait for it to end, or choose another run_name (a lock whose holder died is taken "
+                        f"over by itself: at once on the same host, after {STALE_SECONDS:.0f} s elsewhere)"
+                    ) from None
+                took_over = f"took over the lock of a run that is gone ({_describe(holder, age)})"
+                stale = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
+                try:
+                    os.rename(self.path, stale)  # atomic: of two processes taking it over, one renames it
+                    stale.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(identity) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self._heartbeat = threading.Thread(target=self._renew, name="run-lock-heartbeat", daemon=True)
+            self._heartbeat.start()
+            return took_over
+        raise RunFolderLocked(f"the run folder {self.path.parent}: its lock {self.path} keeps changing hands; "
+                              f"is another run starting there? choose another run_name")
+
+    def release(self) -> None:
+        """Give the lock up (only if it is still this process's)."""
+        if self._heartbeat is None:
+            return
+        self._stop.set()
+        self._heartbeat.join()
+        self._heartbeat = None
+        holder, _ = self._holder()
+        if holder.get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                os.utime(self.path)
+            except OSError:  # (the folder removed under the run: nothing to renew)
+                pass
+
+    def _holder(self) -> tuple[dict, float]:
+        """(the holder's identity, {} if unreadable; seconds since its heartbeat)."""
+        try:
+            age = time.time() - self.path.stat().st_mtime
+            holder = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # being written, or gone meanwhile
+            return {}, 0.0
+        return (holder if isinstance(holder, dict) else {}), age
+
+
+def _is_stale(holder: dict, age: float) -> bool:
+    if age > STALE_SECONDS:
+        return True
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False  # another host's, renewed lately (or being written): alive
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _describe(holder: dict, age: float) -> str:
+    return (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}, "
+            f"heartbeat {age:.0f} s ago")
