@@ -122,6 +122,9 @@ class Trainer:
             if self.step > self.total_steps:
                 raise ValueError(f"the checkpoint in {self.run_dir} is at step {self.step}, past this config's "
                                  f"{self.total_steps} steps: raise max_steps (or max_tokens) to continue the run")
+            if 0 < config.stop_at_step <= self.step:
+                raise ValueError(f"stop_at_step={config.stop_at_step} is not past the checkpoint's step {self.step}: "
+                                 f"nothing would train; raise stop_at_step or leave it out")
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
         if self.noise_scale and self.noise_scale.in_comm_hook:
@@ -418,6 +421,10 @@ class Trainer:
                 took_over = lock.acquire()
                 if took_over:
                     print(f"{self.run_dir}: {took_over}")
+                removed = run_folder.remove_stale_temporaries(self.run_dir)
+                if removed:
+                    print(f"{self.run_dir}: removed what interrupted writes left: {', '.join(removed)}")
+                    seen = [entry for entry in seen if entry[0] not in removed]
                 if run_folder.fingerprint(self.run_dir) != seen:
                     lock.release()
                     refusal = (f"the run folder {self.run_dir} changed while this run started (another run wrote "

@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import difflib
 import json
+import os
 import runpy
 import types
 import typing
@@ -126,6 +127,9 @@ class TrainConfig:
                f"run_name={self.run_name!r} must be one folder name (no '/', not '.' or '..'): the run folder "
                f"is out_dir/run_name; put the path in out_dir")
         self.optimizer = self.optimizer.lower()  # names are case-insensitive: one spelling in configs and checkpoints
+        for key in ("out_dir", "data_dir", "zero_shot_data_dir"):  # ~ and $VARS, as a shell would expand them
+            if getattr(self, key) is not None:
+                setattr(self, key, os.path.expandvars(os.path.expanduser(getattr(self, key))))
         _check(self.batch_size > 0 and self.micro_batch_size > 0, "batch_size and micro_batch_size must be > 0")
         _check((self.max_steps > 0) != (self.max_tokens > 0),
                f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")

@@ -74,6 +74,16 @@ CASES = {
     "resume past max_steps": (["--resume", "--run_name=good", "--max_steps=1"], r"at step 2, past this config's 1 "
                                                                                 r"steps: raise max_steps"),
     "out_dir is a file": (["--out_dir={out}/good/config.json"], r"config.json is a file; choose another out_dir"),
+    "resume another seed": (["--resume", "--run_name=good", "--seed=9"], r"seed: checkpoint 1337, now 9"),
+    "stop_at_step behind the checkpoint": (["--resume", "--run_name=good", "--max_steps=4", "--stop_at_step=1"],
+                                           r"stop_at_step=1 is not past the checkpoint's step 2: nothing would "
+                                           r"train; raise stop_at_step"),
+    "a planted metrics link": (["--resume", "--run_name=linked"], r"linked/metrics.jsonl is a symbolic link \(to "
+                                                                  r".*\): a run's files are its own; remove the link"),
+    "newest checkpoint deleted": (["--resume", "--run_name=pruned"], r"the newest checkpoint .*ckpt_00000002.pt "
+                                                                     r"\(ckpt.pt points at it\) is missing: resume the "
+                                                                     r"one before it, ckpt_00000001.pt, with "
+                                                                     r"--resume=auto"),
 }
 
 
@@ -83,7 +93,9 @@ def snapshot(root):
 
 @pytest.fixture(scope="module")
 def workspace(byte_shards, tmp_path_factory):
-    """A data folder with a manifest (as data/prepare.py writes it) and a finished run "good"."""
+    """A data folder with a manifest (as data/prepare.py writes it), a finished run "good", and two
+    damaged copies of it: "linked" (its metrics.jsonl a planted link) and "pruned" (the newest of
+    its two checkpoints deleted)."""
     root = tmp_path_factory.mktemp("bad_inputs")
     data = root / "data"
     shutil.copytree(byte_shards, data)
@@ -95,6 +107,11 @@ def workspace(byte_shards, tmp_path_factory):
     (data / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "splits": splits}))
     out = root / "out"
     train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=good"])
+    shutil.copytree(out / "good", out / "linked", symlinks=True)
+    (out / "linked" / "metrics.jsonl").unlink()
+    (out / "linked" / "metrics.jsonl").symlink_to(out / "good" / "metrics.jsonl")
+    train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=pruned", "--checkpoint_interval=1"])
+    (out / "pruned" / "ckpt_00000002.pt").unlink()
     return data, out
 
 

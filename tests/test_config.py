@@ -164,3 +164,12 @@ def test_what_needs_the_registries_or_the_machine_is_checked_at_start_up(overrid
         pattern = r"device='cuda', but this torch sees no CUDA device"
     with pytest.raises(ConfigError, match=pattern):
         resolve_config(config)
+
+
+def test_paths_expand_the_home_folder_and_variables(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv("SCRATCH", "/scratch/someone")
+    config = load_config(None, ["--max_steps=1", "--out_dir=~/runs", "--data_dir=$SCRATCH/owt",
+                                "--zero_shot_data_dir=~/tasks"])
+    assert (config.out_dir, config.data_dir, config.zero_shot_data_dir) == ("/home/someone/runs", "/scratch/someone/owt",
+                                                                            "/home/someone/tasks")

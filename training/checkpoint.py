@@ -133,12 +133,14 @@ class Checkpoint:
         return cls(**state)
 
     def check_compatible(self, model_args: dict, config: dict, path: Path) -> None:
-        """Refuse to resume a run whose model, tokenizer, optimizer or global batch differs from the
-        checkpoint's (a new batch size would make the token counts and the data position wrong)."""
+        """Refuse to resume a run whose model, tokenizer, optimizer, global batch or seed differs from
+        the checkpoint's (a new batch size would make the token counts and the data position wrong;
+        a new seed would be recorded while the RNG continues the old one)."""
         mismatches = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
                       for key, value in model_args.items() if self.model_args.get(key) != value]
         mismatches += [f"{key}: checkpoint {self.config.get(key)!r}, now {config[key]!r}"
-                       for key in ("tokenizer", "optimizer", "batch_size") if self.config.get(key) != config[key]]
+                       for key in ("tokenizer", "optimizer", "batch_size", "seed")
+                       if key in self.config and self.config[key] != config[key]]
         if mismatches:
             raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
                              f"resume with the checkpoint's settings or start a new run_name")
@@ -254,6 +256,13 @@ def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Che
     candidates += [p for p in reversed(numbered(run_dir)) if p not in candidates]
     if not candidates:
         raise FileNotFoundError(f"no checkpoint in {run_dir}")
+    if latest.is_symlink() and not latest.exists():  # the newest was deleted
+        missing = run_dir / os.readlink(latest)
+        if not fall_back:
+            raise FileNotFoundError(f"the newest checkpoint {missing} ({CHECKPOINT_NAME} points at it) is missing: "
+                                    f"resume the one before it, {candidates[0].name}, with --resume=auto")
+        warnings.warn(f"the newest checkpoint {missing} ({CHECKPOINT_NAME} points at it) is missing; resuming the "
+                      f"one before it, {candidates[0].name}")
     for i, path in enumerate(candidates):
         try:
             return Checkpoint.load(path, map_location=map_location), path

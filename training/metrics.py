@@ -35,11 +35,20 @@ class MetricsLogger:
                  entity: str | None = None, group: str | None = None, resume_step: int | None = None):
         """resume_step: the step a resumed run continues from; records the interrupted run wrote
         after its last checkpoint are dropped (the file rewritten atomically), so the log reads as
-        one uninterrupted run. The log is append-only and flushed per record; it is opened
-        without following a link planted in its place."""
+        one uninterrupted run; a torn last line (a kill mid-write) is dropped too, a damaged line
+        before it is kept, with a warning. The log is append-only and flushed per record; it is
+        opened without following a link planted in its place."""
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= resume_step]
+            lines = self.path.read_text().splitlines()
+            kept = []
+            for number, line in enumerate(lines, 1):
+                step = _step_of(line)
+                if step is None and number < len(lines):
+                    warnings.warn(f"{self.path} line {number} is not a JSON record ({line[:60]!r}): kept as it is")
+                    kept.append(line)
+                elif step is not None and step <= resume_step:
+                    kept.append(line)
             with atomic_write(self.path, "w") as f:
                 f.writelines(line + "\n" for line in kept)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -95,12 +104,13 @@ class MetricsLogger:
                 warnings.warn(f"wandb.finish failed ({e})")
 
 
-def _step_of(line: str) -> float:
-    """The step of a JSONL record; infinite for a torn last line (a kill mid-write), which is dropped."""
+def _step_of(line: str) -> float | None:
+    """The step of a JSONL record (0 for a record without one); None for a line that is not one."""
     try:
-        return json.loads(line).get("step", 0)
+        record = json.loads(line)
     except json.JSONDecodeError:
-        return math.inf
+        return None
+    return record.get("step", 0) if isinstance(record, dict) else None
 
 
 def _run_id(run_dir: Path) -> str:

@@ -18,6 +18,7 @@ ZeRO-1 state consolidated on rank 0 into the inline format, or every rank's shar
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -40,8 +41,14 @@ class Layout:
 
     @staticmethod
     def of(zero_stage: int, fsdp: bool, ctx: Distributed) -> Layout:
-        """The strategy a config asks for on ``ctx``'s ranks (one process: "single" whatever it asks)."""
+        """The strategy a config asks for on ``ctx``'s ranks (one process: "single" whatever it asks,
+        with a warning that it shards nothing)."""
         if not ctx.enabled:
+            if zero_stage or fsdp:
+                asked = "fsdp=True" if fsdp else f"zero_stage={zero_stage}"
+                warnings.warn(f"{asked} on one process shards nothing: this run is unsharded, and so is its "
+                              f"checkpoint (resume it without {asked.split('=')[0]}, or launch with torchrun "
+                              f"--nproc_per_node=N to shard)")
             return Layout("single", ctx)
         return Layout("fsdp" if fsdp else "zero1" if zero_stage == 1 else "ddp", ctx)
 

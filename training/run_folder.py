@@ -43,7 +43,12 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"the run folder {run_dir} is a file: choose another out_dir or run_name")
-    has_checkpoint = run_dir.is_dir() and bool(numbered(run_dir) or (run_dir / CHECKPOINT_NAME).is_file())
+    for name in RUN_FILES[1:]:  # (ckpt.pt is a link the run makes itself)
+        if (run_dir / name).is_symlink():
+            raise FileExistsError(f"{run_dir / name} is a symbolic link (to {os.readlink(run_dir / name)}): a run's "
+                                  f"files are its own; remove the link, or choose another run_name")
+    has_checkpoint = run_dir.is_dir() and bool(numbered(run_dir) or (run_dir / CHECKPOINT_NAME).is_file()
+                                               or (run_dir / CHECKPOINT_NAME).is_symlink())
     if resume is True:
         if not has_checkpoint:
             raise FileNotFoundError(f"--resume: no checkpoint at {run_dir / CHECKPOINT_NAME}; start without "
@@ -70,6 +75,23 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         raise PermissionError(f"cannot write the run folder {run_dir}: {existing} is not writable; choose a "
                               f"writable out_dir")
     return False, held
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[str]:
+    """Remove what writes interrupted by a crash left in the folder (temporary files and partial
+    DCP checkpoints, which can be as large as a checkpoint), only those whose writer is gone;
+    returns their names. Called by the lock's holder, so no live run writes here."""
+    removed = []
+    for path in sorted(Path(run_dir).glob(".*")):
+        if path.name.endswith(".tmp"):  # atomic.py's .NAME.PID.HEX.tmp
+            pid = path.name.rsplit(".", 3)[-3] if path.name.count(".") >= 3 else ""
+            if pid.isdigit() and _alive(int(pid)):
+                continue  # (e.g. python -m eval writing results.json here right now)
+        elif not path.name.endswith(".partial"):  # save_sharded_in's .ckpt_<step>.dcp.partial
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        removed.append(path.name)
+    return removed
 
 
 def last_logged_step(log: Path) -> int:
@@ -193,13 +215,18 @@ def _is_stale(holder: dict, age: float) -> bool:
         return True
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False  # another host's, renewed lately (or being written): alive
+    return not _alive(holder["pid"])
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host."""
     try:
-        os.kill(holder["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
         return False
-    return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _describe(holder: dict, age: float) -> str:
