@@ -129,8 +129,10 @@ class Trainer:
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
         if self.noise_scale and self.noise_scale.in_comm_hook:
             self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
-        self.stop_requested = False
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.stop_signal = None  # the name of a signal that asked the run to save and stop
+        # (Restored by close(): a Trainer run inside another program leaves its handlers as they were.)
+        self.saved_handlers = {sig: signal.signal(sig, handler) for sig, handler in
+                               ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint))}
         self.run_lock = self.lock_run_folder(folder_seen)
         memory.reset_peak(self.device)  # the reported peak is training's, from here on
 
@@ -187,7 +189,7 @@ class Trainer:
             if self.step % config.eval_interval == 0 or final:
                 self.log({"val/loss": self.validation_loss()})
             # Ranks agree on a SIGTERM at log steps only: the agreement is a host sync.
-            stop = log_step and distributed.any_rank(self.stop_requested, ctx)
+            stop = log_step and distributed.any_rank(self.stop_signal is not None, ctx)
             interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
@@ -195,7 +197,7 @@ class Trainer:
                                            and self.step % config.zero_shot_interval == 0):
                 self.zero_shot()
             if stop:
-                tqdm.write(f"rank {ctx.rank}: SIGTERM received, saved step {self.step}, exiting")
+                tqdm.write(f"rank {ctx.rank}: {self.stop_signal or 'SIGTERM'} received, saved step {self.step}, exiting")
                 break
         progress.close()
         if self.step == self.total_steps:
@@ -437,7 +439,10 @@ class Trainer:
         return lock
 
     def close(self):
-        """Stop the loaders' prefetch threads, give the run folder up and leave the process group."""
+        """Stop the loaders' prefetch threads, give the run folder up, restore the signal handlers
+        and leave the process group."""
+        for sig, handler in self.saved_handlers.items():
+            signal.signal(sig, handler)
         if self.run_lock is not None:
             self.run_lock.release()
         self.train_loader.close()
@@ -445,7 +450,15 @@ class Trainer:
         distributed.teardown(self.ctx)
 
     def _on_sigterm(self, signum, frame):
-        self.stop_requested = True  # acted on at the end of the current step, on all ranks together
+        self.stop_signal = "SIGTERM"  # acted on at the next log step, on all ranks together
+
+    def _on_sigint(self, signum, frame):
+        """Ctrl-C: the first saves at the next log step and exits, as SIGTERM; a second stops at once."""
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+        self.stop_signal = "Ctrl-C"
+        if self.ctx.is_main:
+            tqdm.write("Ctrl-C: saving at the next log step, then exiting (Ctrl-C again to stop at once)")
 
     def _synchronize_time(self, start: float) -> float:
         if self.device.type == "cuda":
@@ -454,6 +467,9 @@ class Trainer:
 
 
 def main(argv: list[str]):
+    if not argv:
+        sys.exit("train.py: no config given: python train.py configs/default.py (a config file), with "
+                 "--key=value overrides if you like (see configs/__init__.py for the keys)")
     config_path = argv[0] if argv and not argv[0].startswith("--") else None
     try:
         config = load_config(config_path, argv[1:] if config_path else argv)

@@ -3,8 +3,10 @@
 A config file is plain Python that assigns names, e.g. ``configs/default.py``; it may inherit
 from another config with ``from configs.gpt2_small_owt import *`` and then reassign names.
 Every public name it leaves behind must be a field of ``TrainConfig`` with the field's type;
-command-line overrides ``--key=value`` are parsed as Python literals (``ast.literal_eval``),
-never evaluated as code.
+helper variables start with ``_`` (``_base_lr = 6e-4``), and imported modules, functions and
+classes are not settings. A run's ``config.json`` is a config too (to rerun or vary a run).
+Command-line overrides ``--key=value`` are parsed as Python literals (``ast.literal_eval``),
+never evaluated as code; a key of type str takes the text as it is (``--run_name=42``).
 
 The schema checks what it can check by itself (types, ranges, combinations), so importing it is
 cheap and asks nothing of the machine: sweeps, reports and plots load thousands of configs. The
@@ -18,6 +20,7 @@ import ast
 import dataclasses
 import difflib
 import json
+import math
 import os
 import runpy
 import types
@@ -119,6 +122,8 @@ class TrainConfig:
     peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
 
     def __post_init__(self):
+        for key, value in vars(self).items():  # (1e999 parses as inf)
+            _check(not isinstance(value, float) or math.isfinite(value), f"{key}={value} must be a finite number")
         _check(self.resume in (False, True, "auto"), f"resume={self.resume!r}: use --resume (a checkpoint must "
                f"exist), --resume=auto (resume if one exists, else start) or leave it out")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: --resume continues "
@@ -213,9 +218,35 @@ _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TYPES = typing.get_type_hints(TrainConfig)
 
 
+# The names users of nanoGPT, Hugging Face's Trainer and torchtitan type, and what they are here.
+ALIASES = {
+    "learning_rate": "lr", "max_lr": "lr", "min_learning_rate": "min_lr",
+    "max_iters": "max_steps", "max_steps_per_run": "max_steps", "num_train_steps": "max_steps", "steps": "max_steps",
+    "lr_decay_iters": "max_steps (the schedule decays to min_lr over the whole run)",
+    "warmup_iters": "warmup_steps", "warmup_ratio": "warmup_tokens (or warmup_steps)", "num_warmup_steps": "warmup_steps",
+    "gradient_accumulation_steps": "batch_size (the GLOBAL batch: accumulation = batch_size / (micro_batch_size x ranks))",
+    "grad_accum": "batch_size (the GLOBAL batch: accumulation = batch_size / (micro_batch_size x ranks))",
+    "per_device_train_batch_size": "micro_batch_size", "local_batch_size": "micro_batch_size",
+    "train_batch_size": "batch_size", "global_batch_size": "batch_size",
+    "eval_iters": "val_tokens (the validation budget in tokens over all ranks)",
+    "max_grad_norm": "grad_clip", "gradient_clipping": "grad_clip", "max_norm": "grad_clip",
+    "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_epsilon": "eps", "betas": "beta1 and beta2",
+    "output_dir": "out_dir", "wandb_run_name": "run_name", "wandb_log": "wandb_mode ('online', 'offline')",
+    "init_from": "resume (True or 'auto')", "always_save_checkpoint": "checkpoint_interval",
+    "dataset": "data_dir (a folder prepared by python -m data.prepare)", "lr_scheduler_type": "lr_schedule",
+    "decay_lr": "lr_schedule", "num_train_epochs": "max_tokens", "gradient_checkpointing": None,
+}
+
+
 def _unknown_key(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _FIELDS, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see configs/__init__.py for the valid keys"
+    if ALIASES.get(key):
+        hint = f"; here it is {ALIASES[key]}"
+    elif close := difflib.get_close_matches(key, _FIELDS, n=1):
+        hint = f"; did you mean '{close[0]}'?"
+    else:
+        hint = "; see configs/__init__.py for the valid keys"
+    if where != "the command line":
+        hint += " (a helper variable in a config file starts with '_', e.g. _" + key + ")"
     return ConfigError(f"unknown config key '{key}' in {where}{hint}")
 
 
@@ -234,16 +265,41 @@ def _coerce(key: str, value, where: str):
     raise ConfigError(f"config key '{key}' in {where} must be {names}, got {type(value).__name__} {value!r}")
 
 
-def _parse_override(arg: str) -> tuple[str, object]:
+def _parse_override(arg: str, following: str | None) -> tuple[str, object]:
+    """``--key=value`` (``following``: the next argument, for the message about ``--key value``)."""
     if not arg.startswith("--"):
         raise ConfigError(f"unexpected argument {arg!r}: overrides look like --key=value")
     key, sep, text = arg[2:].partition("=")
     if not sep:  # a bare flag: --resume
+        if following is not None and not following.startswith("--"):
+            raise ConfigError(f"unexpected argument {following!r} after {arg}: write {arg}={following}")
         return key, True
     try:
-        return key, ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return key, text  # a bare word such as --optimizer=adamw is a string
+    if _TYPES.get(key) in (str, str | None) and not isinstance(value, str) and text != "None":
+        return key, text  # a string as typed: --run_name=42
+    return key, value
+
+
+def _run_config_file(path: Path) -> dict:
+    """The names a Python config file (or a run's config.json) leaves behind."""
+    if path.suffix == ".json":
+        try:
+            values = json.loads(path.read_text())
+        except ValueError as error:
+            raise ConfigError(f"config file {path} is not valid JSON ({error})") from error
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} holds no JSON object of config keys")
+        return values
+    try:
+        return runpy.run_path(str(path))
+    except SyntaxError as error:
+        raise ConfigError(f"config file {path}, line {error.lineno}: {error.msg} ({(error.text or '').strip()!r})") \
+            from error
+    except Exception as error:  # the file's own code failed: its message, with the file
+        raise ConfigError(f"config file {path} fails to run: {type(error).__name__}: {error}") from error
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConfig:
@@ -252,15 +308,15 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
     if path is not None:
         if not Path(path).is_file():
             raise ConfigError(f"config file {path} does not exist")
-        for key, value in runpy.run_path(path).items():
-            # Imports, helper functions and private names are not settings.
-            if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+        for key, value in _run_config_file(Path(path)).items():
+            # Imports, helper functions and classes and private names are not settings.
+            if key.startswith("_") or isinstance(value, types.ModuleType) or callable(value):
                 continue
             if key not in _FIELDS:
                 raise _unknown_key(key, path)
             values[key] = _coerce(key, value, path)
-    for arg in overrides:
-        key, value = _parse_override(arg)
+    for arg, following in zip(overrides, [*overrides[1:], None]):
+        key, value = _parse_override(arg, following)
         if key not in _FIELDS:
             raise _unknown_key(key, "the command line")
         values[key] = _coerce(key, value, "the command line")

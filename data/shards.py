@@ -199,7 +199,10 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
     """Check a prepared folder against its manifest.json (if it has one; shards from other tools
     have none): the tokenizer it was made with (unless ``tokenizer`` is None), and every listed
     shard present with the size its token count gives (and, if ``sha256``, its checksum).
-    Returns the manifest."""
+    Returns the manifest. A missing folder is an error that says how to prepare it (with
+    ``tokenizer``)."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"data dir {data_dir} does not exist; {prepare_hint(data_dir, tokenizer)}")
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -226,6 +229,8 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
     return manifest
 
 
-def prepare_hint(data_dir) -> str:
-    return (f"prepare it with `python -m data.prepare shakespeare --out {data_dir}` "
-            f"(or `python -m data.prepare --files 'corpus/*.txt' --out {data_dir}`)")
+def prepare_hint(data_dir, tokenizer: str | None = None) -> str:
+    """How to prepare ``data_dir`` (for ``tokenizer``, the one a config asks for, if known)."""
+    tokens = f" --tokenizer {tokenizer}" if tokenizer else ""
+    return (f"prepare it with `python -m data.prepare shakespeare{tokens} --out {data_dir}` "
+            f"(or `python -m data.prepare --files 'corpus/*.txt'{tokens} --out {data_dir}`)")

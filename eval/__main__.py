@@ -57,7 +57,10 @@ def main(argv=None) -> None:
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--batch-size and --limit must be positive")
 
-    tasks = tasks_named(args.tasks)
+    try:
+        tasks = tasks_named(args.tasks)
+    except ValueError as error:
+        parser.error(f"--tasks {args.tasks}: {error}")
     try:
         model, tokenizer_name, source_info = load(args)
         out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))

@@ -74,6 +74,21 @@ CASES = {
     "resume past max_steps": (["--resume", "--run_name=good", "--max_steps=1"], r"at step 2, past this config's 1 "
                                                                                 r"steps: raise max_steps"),
     "out_dir is a file": (["--out_dir={out}/good/config.json"], r"config.json is a file; choose another out_dir"),
+    "a config given as JSON": (["{out}/good/config.json", "--run_name=again", "--learning_rate=1"],
+                               r"unknown config key 'learning_rate' in the command line; here it is lr"),
+    "space form": (["--lr", "1e-3"], r"unexpected argument '1e-3' after --lr: write --lr=1e-3"),
+    "nanoGPT's accumulation key": (["--gradient_accumulation_steps=4"], r"here it is batch_size \(the GLOBAL batch: "
+                                                                        r"accumulation = batch_size / "),
+    "nanoGPT's decay length": (["--lr_decay_iters=10"], r"here it is max_steps \(the schedule decays to min_lr"),
+    "nanoGPT's eval budget": (["--eval_iters=10"], r"here it is val_tokens"),
+    "HF Trainer's clip": (["--max_grad_norm=1.0"], r"here it is grad_clip"),
+    "a helper variable": (["{data}/../helper.py"], r"unknown config key 'base_lr' in .*helper.py.*a helper variable "
+                                                   r"in a config file starts with '_', e.g. _base_lr"),
+    "a config with a syntax error": (["{data}/../broken.py"], r"broken.py, line 2: invalid syntax"),
+    "no config at all": (None, r"no config given: python train.py configs/default.py"),
+    "an infinite lr": (["--lr=1e999"], r"lr=inf must be a finite number"),
+    "zero-shot data missing": (["--zero_shot_tasks=copa", "--zero_shot_data_dir={data}"],
+                               r"zero_shot_data_dir=.*task copa: no local data file; expected .*copa.jsonl"),
     "resume another seed": (["--resume", "--run_name=good", "--seed=9"], r"seed: checkpoint 1337, now 9"),
     "stop_at_step behind the checkpoint": (["--resume", "--run_name=good", "--max_steps=4", "--stop_at_step=1"],
                                            r"stop_at_step=1 is not past the checkpoint's step 2: nothing would "
@@ -105,6 +120,8 @@ def workspace(byte_shards, tmp_path_factory):
         tokens = (file.stat().st_size - HEADER_BYTES) // 2
         splits[split] = {"tokens": tokens, "shards": [{"file": file.name, "tokens": tokens, "sha256": ""}]}
     (data / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "splits": splits}))
+    (root / "helper.py").write_text("base_lr = 6e-4\nlr = base_lr\n")  # a helper variable without its '_'
+    (root / "broken.py").write_text("max_steps = 2\nlr = = 1\n")
     out = root / "out"
     train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=good"])
     shutil.copytree(out / "good", out / "linked", symlinks=True)
@@ -124,10 +141,15 @@ def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name
     data, out = workspace
     monkeypatch.chdir(tmp_path)
     extra, pattern = CASES[name]
-    extra = [arg.replace("{data}", str(data)).replace("{out}", str(out)) for arg in extra]
+    argv = []  # (None: no arguments at all)
+    if extra is not None:
+        extra = [arg.replace("{data}", str(data)).replace("{out}", str(out)) for arg in extra]
+        config_file = extra[:1] if extra and not extra[0].startswith("--") else []
+        argv = [*config_file, *TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new",
+                *extra[len(config_file):]]
     before = snapshot(out.parent)
     with pytest.raises(SystemExit) as exit_info:
-        train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new", *extra])
+        train.main(argv)
     message = str(exit_info.value.code)
     assert message.startswith("train.py: ")
     assert re.search(pattern, message), message

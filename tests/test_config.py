@@ -173,3 +173,12 @@ def test_paths_expand_the_home_folder_and_variables(monkeypatch):
                                 "--zero_shot_data_dir=~/tasks"])
     assert (config.out_dir, config.data_dir, config.zero_shot_data_dir) == ("/home/someone/runs", "/scratch/someone/owt",
                                                                             "/home/someone/tasks")
+
+
+def test_a_runs_config_json_is_a_config_and_helpers_are_private(tmp_path):
+    config = load_config("configs/gpt2_small_owt.py", ["--run_name=42", "--optimizer='lion'"])
+    assert config.run_name == "42" and config.optimizer == "lion"  # a str key takes the text as typed
+    save_config(config, tmp_path / "config.json")
+    assert load_config(str(tmp_path / "config.json")) == config
+    path = write(tmp_path, "c.py", "from math import sqrt\n_base = 6e-4\nlr = _base * sqrt(4)\nmax_steps = 1\n")
+    assert load_config(path).lr == 1.2e-3

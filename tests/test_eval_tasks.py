@@ -228,3 +228,11 @@ def test_load_docs_from_the_hub_asks_for_the_harness_dataset(monkeypatch, fixtur
     docs = TASKS["hellaswag"].load_docs(limit=3)
     assert calls == [("Rowan/hellaswag", None, "validation")]
     assert [d["gold"] for d in docs] == [int(r["label"]) for r in rows[:3]]
+
+
+def test_the_cli_refuses_an_unknown_task_in_one_line(capsys):
+    import eval.__main__ as cli
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--ckpt", "nowhere/ckpt.pt", "--tasks", "nonexistent"])
+    assert exit_info.value.code == 2  # argparse's usage error, no traceback
+    assert "--tasks nonexistent: unknown task or group 'nonexistent'" in capsys.readouterr().err
