@@ -26,6 +26,7 @@ import copy
 import json
 import math
 import multiprocessing
+import os
 import sys
 import time
 import urllib.request
@@ -93,6 +94,8 @@ def files_corpus(pattern: str, text_column: str = "text") -> Corpus:
     paths = sorted(glob.glob(pattern, recursive=True))
     if not paths:
         raise FileNotFoundError(f"--files {pattern!r} matches no files")
+    if all(os.path.getsize(p) == 0 for p in paths):
+        raise ValueError(f"--files {pattern!r} matches only empty files ({len(paths)})")
     suffixes = {Path(p).suffix for p in paths}
     if len(suffixes) > 1 or not suffixes <= FILE_BUILDERS.keys():
         raise ValueError(f"--files {pattern!r} matches {sorted(suffixes)} files; give files of one "
@@ -358,10 +361,16 @@ def save_progress(out_dir: Path, progress: dict) -> None:
 
 
 def finish(out_dir: Path, manifest: dict, start: float) -> None:
+    splits = manifest["splits"]
+    empty = [split for split, listed in splits.items() if listed["tokens"] == 0]
+    text_free = sum(listed["tokens"] for listed in splits.values()) <= manifest["documents"]  # end-of-text tokens only
+    if empty or text_free:  # (such a folder cannot train; no manifest is written)
+        what = f"no {' and no '.join(empty)} tokens" if empty else "no text (every document is empty)"
+        raise ValueError(f"the corpus ({manifest['description']}) gave {what} ({manifest['documents']} "
+                         f"documents): check the source, its text column (--text-column) and --val-fraction")
     with atomic_write(out_dir / MANIFEST) as f:  # written last: its presence means complete
         f.write(json.dumps(manifest, indent=2).encode())
     (out_dir / PROGRESS).unlink(missing_ok=True)
-    splits = manifest["splits"]
     print(f"wrote {out_dir}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} val "
           f"tokens from {manifest['documents']:,} documents ({manifest['description']}) in "
           f"{time.perf_counter() - start:.1f} s")
@@ -427,6 +436,8 @@ def main(argv=None) -> None:
         source = args.files or args.dataset or args.source or args.corpus
         sys.exit(f"prepare: {source} cannot be read ({type(error).__name__}: {error}). Fix or remove that record "
                  f"(a .jsonl line must be one JSON object) and run again: the preparation resumes")
+    except (OSError, ValueError) as error:  # no files, another preparation in --out, an empty corpus
+        sys.exit(f"prepare: {error}")
 
 
 def _unreadable() -> tuple[type[Exception], ...]:

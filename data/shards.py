@@ -184,12 +184,16 @@ def list_shards(data_dir, split: str) -> list[Path]:
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data dir {data_dir} does not exist; {prepare_hint(data_dir)}")
-    name_pattern = re.compile(rf"(?:.*_)?{split}(?:_\d+)?\.bin")
-    shards = sorted(p for p in data_dir.iterdir() if name_pattern.fullmatch(p.name))
+    shards = _split_files(data_dir, split)
     if not shards:
         raise FileNotFoundError(
             f"no {split!r} shards in data dir {data_dir}; {prepare_hint(data_dir)}")
     return shards
+
+
+def _split_files(data_dir, split: str) -> list[Path]:
+    name_pattern = re.compile(rf"(?:.*_)?{split}(?:_\d+)?\.bin")
+    return sorted(p for p in Path(data_dir).iterdir() if name_pattern.fullmatch(p.name))
 
 
 MANIFEST = "manifest.json"  # written by data/prepare.py last: its presence means the folder is complete
@@ -198,11 +202,15 @@ MANIFEST = "manifest.json"  # written by data/prepare.py last: its presence mean
 def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> dict | None:
     """Check a prepared folder against its manifest.json (if it has one; shards from other tools
     have none): the tokenizer it was made with (unless ``tokenizer`` is None), and every listed
-    shard present with the size its token count gives (and, if ``sha256``, its checksum).
-    Returns the manifest. A missing folder is an error that says how to prepare it (with
-    ``tokenizer``)."""
+    shard present with the size its token count gives (and, if ``sha256``, its checksum), and no
+    shard it does not list. Returns the manifest. A missing folder is an error that says how to
+    prepare it (with ``tokenizer``); nanoGPT's character-level bins (meta.pkl) are refused."""
     if not Path(data_dir).is_dir():
         raise FileNotFoundError(f"data dir {data_dir} does not exist; {prepare_hint(data_dir, tokenizer)}")
+    if (Path(data_dir) / "meta.pkl").is_file():  # nanoGPT's shakespeare_char: ids of its own character vocabulary
+        raise ValueError(f"{data_dir} holds nanoGPT's meta.pkl: its .bin files are ids of nanoGPT's own "
+                         f"character vocabulary, which neither the byte nor the GPT-2 tokenizer reads; prepare "
+                         f"the text itself into a new folder instead: {prepare_hint(f'{data_dir}-text', tokenizer)}")
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -226,6 +234,10 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
             if sha256 and sha256_of(file) != shard["sha256"]:
                 raise ValueError(f"{file}: its sha256 is not the one {MANIFEST} lists: the file changed after "
                                  f"preparation; prepare the data again with --force")
+        unlisted = sorted({p.name for p in _split_files(data_dir, split)} - {s["file"] for s in listed["shards"]})
+        if unlisted:  # (the loader would train on them)
+            raise ValueError(f"{data_dir} holds {split} shards that {MANIFEST} does not list ({', '.join(unlisted)}): "
+                             f"remove them, or prepare the data again with --force")
     return manifest
 
 

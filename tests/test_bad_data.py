@@ -1,0 +1,59 @@
+"""Data that would train on garbage or on nothing is refused with one line naming it and the fix:
+an empty corpus, a glob that matches nothing, nanoGPT's character-level bins, a shard the
+manifest does not list (for train.py and for `data.prepare --verify`)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import train
+from data.prepare import main as prepare
+from data.shards import write_shard
+
+TINY = ["--model=nano", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+        "--batch_size=2", "--micro_batch_size=2", "--max_steps=1", "--val_tokens=512", "--probe_batch_size=2"]
+
+
+def test_a_corpus_that_is_empty_or_absent_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"prepare: --files '.*a.jsonl' matches only empty files \(1\)"):
+        prepare(["--files", str(tmp_path / "empty" / "a.jsonl"), "--tokenizer", "byte", "--out", str(tmp_path / "o")])
+    (tmp_path / "empty" / "b.jsonl").write_text('{"text": ""}\n' * 20)
+    with pytest.raises(SystemExit, match=r"prepare: the corpus .* gave no text \(every document is empty\) "
+                                         r"\(20 documents\): check the source, its text column"):
+        prepare(["--files", str(tmp_path / "empty" / "b.jsonl"), "--tokenizer", "byte", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    with pytest.raises(SystemExit, match=r"prepare: --files '.*nonexistent/\*.jsonl' matches no files"):
+        prepare(["--files", str(tmp_path / "nonexistent" / "*.jsonl"), "--tokenizer", "byte", "--out",
+                 str(tmp_path / "o")])
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": f"line {i} " * 40}) + "\n"
+                                                         for i in range(200)))
+    prepare(["--files", str(tmp_path / "corpus" / "*.jsonl"), "--tokenizer", "byte", "--out", str(tmp_path / "data"),
+             "--val-fraction", "0.1"])
+    return tmp_path / "data"
+
+
+def test_a_shard_the_manifest_does_not_list_is_refused(prepared, tmp_path):
+    write_shard(prepared / "train_000007.bin", np.arange(100, dtype=np.uint16))  # copied in by hand
+    with pytest.raises(SystemExit, match=r"holds train shards that manifest.json does not list \(train_000007.bin\)"):
+        train.main([*TINY, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'runs'}"])
+    with pytest.raises(SystemExit, match=r"does not list \(train_000007.bin\): remove them"):
+        prepare(["--verify", str(prepared)])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nanogpts_character_level_bins_are_refused(prepared, tmp_path):
+    char_level = tmp_path / "shakespeare_char"
+    shutil.copytree(prepared, char_level)
+    (char_level / "manifest.json").unlink()
+    (char_level / "meta.pkl").write_bytes(b"\x80\x04}\x94.")  # nanoGPT's vocabulary of 65 characters
+    with pytest.raises(SystemExit, match=r"holds nanoGPT's meta.pkl: .*prepare the text itself into a new folder "
+                                         r"instead: prepare it with `python -m data.prepare shakespeare --tokenizer byte"):
+        train.main([*TINY, f"--data_dir={char_level}", f"--out_dir={tmp_path / 'runs'}"])
