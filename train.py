@@ -15,6 +15,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -390,19 +391,28 @@ class Trainer:
 
     def zero_shot(self):
         """Run the configured zero-shot tasks (eval/) on the current weights, each rank scoring its
-        share of the examples, and log every metric as zero_shot/<task>/<metric>."""
+        share of the examples, and log every metric as zero_shot/<task>/<metric>. A task the model
+        cannot score (a continuation longer than its window) is skipped with a warning: the run and
+        the other tasks' results go on."""
         from eval import evaluate
         from eval.scorer import Scorer
         from eval.tasks import tasks_named
-        scorer = Scorer(self.layout.plain_model(self.model, on_every_rank=True), self.tokenizer, batch_size=self.config.micro_batch_size, device=self.device,
-                        show_progress=False)
-        output = evaluate(scorer, tasks_named(self.config.zero_shot_tasks), data_dir=self.config.zero_shot_data_dir,
-                          limit=self.config.zero_shot_limit, rank=self.ctx.rank, world_size=self.ctx.world_size,
-                          gather=lambda obj: distributed.all_gather_objects(obj, self.ctx))
+        scorer = Scorer(self.layout.plain_model(self.model, on_every_rank=True), self.tokenizer,
+                        batch_size=self.config.micro_batch_size, device=self.device, show_progress=False)
+        record = {}
+        for task in tasks_named(self.config.zero_shot_tasks):
+            try:
+                output = evaluate(scorer, [task], data_dir=self.config.zero_shot_data_dir,
+                                  limit=self.config.zero_shot_limit, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                                  gather=lambda obj: distributed.all_gather_objects(obj, self.ctx))
+            except ValueError as error:  # (every rank together: evaluate agrees on a refusal)
+                if self.ctx.is_main:
+                    warnings.warn(f"zero-shot evaluation at step {self.step} skips {error}")
+                continue
+            record.update({f"zero_shot/{task.name}/{metric}": value for metric, value in output["results"][task.name].items()
+                           if metric not in ("version", "n", "seconds") and value is not None})
         self.model.train()  # the scorer puts the model in eval mode
-        self.log({f"zero_shot/{task}/{metric}": value for task, summary in output["results"].items()
-                  for metric, value in summary.items()
-                  if metric not in ("version", "n", "seconds") and value is not None})
+        self.log(record)
 
     def restore(self):
         checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")

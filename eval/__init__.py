@@ -33,10 +33,15 @@ def evaluate(scorer: Scorer, tasks: list[Task], data_dir=None, limit: int | None
         mine = list(range(rank, len(docs), world_size))
         requests = [task.requests(docs[i]) for i in mine]
         flat = [request for doc_requests in requests for request in doc_requests]
-        if task.kind == "rolling":
-            outputs = iter(scorer.loglikelihood_rolling(flat, desc=task.name))
-        else:
-            outputs = iter(scorer.loglikelihood(flat, desc=task.name))
+        score = scorer.loglikelihood_rolling if task.kind == "rolling" else scorer.loglikelihood
+        try:
+            scored, refusal = score(flat, desc=task.name), None
+        except ValueError as error:  # a request the model cannot score: every rank refuses the task together
+            scored, refusal = [], f"task {task.name}: {error}"
+        refusals = [r for r in (gather(refusal) if world_size > 1 else [refusal]) if r]
+        if refusals:
+            raise ValueError(refusals[0])
+        outputs = iter(scored)
         records = [{"doc_id": i, "requests": doc_requests, "results": [next(outputs) for _ in doc_requests]}
                    for i, doc_requests in zip(mine, requests)]
         for record in records:

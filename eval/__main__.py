@@ -71,8 +71,8 @@ def main(argv=None) -> None:
                     device=args.device)
     try:
         output = evaluate(scorer, tasks, data_dir=args.data_dir, limit=args.limit, log_samples=args.log_samples)
-    except (ConnectionError, FileNotFoundError) as error:  # task data neither on the hub nor local
-        sys.exit(f"eval: {error}")
+    except (ConnectionError, FileNotFoundError, ValueError) as error:  # task data neither on the hub nor
+        sys.exit(f"eval: {error}")  # local; a task the model cannot score
     print(format_table(output["results"]))
     eval_config = {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()}
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),

@@ -5,8 +5,10 @@ Encoding of a (context, continuation) pair (the harness's ``_encode_pair``): tra
 moves from the context to the front of the continuation; ``context + continuation`` is tokenized
 as one string and the context alone; the continuation's tokens are the whole's after the
 context's. An empty context is the end-of-text token. The model sees
-``(context + continuation)[-(max_length + 1):][:-1]`` and the log-likelihood is the sum of the
-log-softmax of the continuation's tokens; ``is_greedy`` says every one of them is the argmax.
+``(context + continuation)[-(max_length + 1):][:-1]`` (the context truncated from the left) and the
+log-likelihood is the sum of the log-softmax of the continuation's tokens; ``is_greedy`` says
+every one of them is the argmax. A continuation longer than the model's window cannot be scored:
+the harness refuses it (an assertion), and so does ``loglikelihood`` (a ValueError that says so).
 The harness's tokenizer and ours are the same BPE (tiktoken's GPT-2 and its HF conversion).
 
 Rolling log-likelihood (WikiText) cuts the document's tokens into the harness's disjoint windows:
@@ -87,6 +89,11 @@ class Scorer:
             if not request.continuation:
                 raise ValueError(f"request {index}: the continuation {continuation!r} after context "
                                  f"{context[-80:]!r} encodes to no tokens; nothing to score")
+            if len(request.continuation) > self.max_length:
+                raise ValueError(f"a continuation of {len(request.continuation)} tokens ({continuation[:60]!r}...) "
+                                 f"is longer than the model's {self.max_length}-token window, so it cannot be scored "
+                                 f"(lm-evaluation-harness refuses it too): evaluate a model with a longer block_size, "
+                                 f"or leave this task out")
             encoded.append(request)
         return self.score_tokens(encoded, desc)
 
