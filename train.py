@@ -30,7 +30,7 @@ from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
 from training import distributed, memory, run_folder
-from training.checkpoint import CHECKPOINT_NAME, load_latest
+from training.checkpoint import CHECKPOINT_NAME, load_latest, numbered
 from training.instruments import UpdateStatistics, is_layer_key, probe_record
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.noise_scale import GradientNoiseScale, gpt_groups
@@ -118,6 +118,7 @@ class Trainer:
                               scaler=self.scaler, train_loader=self.train_loader, train_window=self.loss_window,
                               noise_scale=self.noise_scale, rng=RankRNG(self.ctx))
         self.last_checkpoint_step = None
+        self.checkpoint_steps = []  # of this invocation's checkpoints (and the resumed one), oldest first
         if self.resuming:
             self.restore()
             if self.step > self.total_steps:
@@ -244,18 +245,32 @@ class Trainer:
         raises at the first non-finite gradient, before anything is saved; "skip" reports the
         skipped steps and stops after max_skipped_steps in a row. Never save parameters that are
         not finite (whatever made them so)."""
-        skipped = self.nonfinite.check(self._last_good())
+        skipped = self.nonfinite.check(self._last_good)
         if skipped and self.ctx.is_main:
             tqdm.write(skipped)
         if not self.layout.all_finite(p.detach() for p in self.model.parameters()):
             raise NonFiniteError(f"the parameters are not finite at step {self.step}: stopping without saving. "
-                                 f"{self._last_good()}")
+                                 f"{self._last_good(self.nonfinite.first.item())}")
 
-    def _last_good(self) -> str:
+    def _last_good(self, first_nonfinite: int = -1) -> str:
+        """Which checkpoint to go back to. A checkpoint written after a skipped (non-finite) step
+        holds weights the steps around it may have driven off (|w| of 1e5 after an lr of 1e6 is
+        finite): the one before the first non-finite step is named too."""
         if self.last_checkpoint_step is None:
             return "No checkpoint was written yet"
-        return (f"The last good checkpoint is {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}: "
-                f"resume it with --resume, e.g. with a lower lr")
+        newest = (f"The last good checkpoint is {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}: "
+                  f"resume it with --resume, e.g. with a lower lr")
+        if first_nonfinite < 0 or self.last_checkpoint_step < first_nonfinite:
+            return newest
+        before = [step for step in self.checkpoint_steps if step < first_nonfinite]
+        kept = [path for path in numbered(self.run_dir) if before and path.name.startswith(f"ckpt_{before[-1]:08d}.")]
+        earlier = (f"the last one before it is {kept[0]} (step {before[-1]}): point {CHECKPOINT_NAME} at it "
+                   f"(ln -sfn {kept[0].name} {self.run_dir / CHECKPOINT_NAME}) and resume with --resume" if kept else
+                   "no checkpoint from before it is kept (keep more with keep_checkpoints or "
+                   "permanent_checkpoint_interval)")
+        return (f"The newest checkpoint, {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}, was "
+                f"written after the first non-finite step {first_nonfinite}, so its weights may be damaged though "
+                f"finite; {earlier}")
 
     def forward_backward(self, loss_fn: LossFn, measure: bool = False) -> torch.Tensor:
         """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
@@ -388,6 +403,7 @@ class Trainer:
         self.layout.save(self.state, self.run_dir, self.config.keep_checkpoints,
                          self.config.permanent_checkpoint_interval)
         self.last_checkpoint_step = self.step
+        self.checkpoint_steps.append(self.step)
 
     def zero_shot(self):
         """Run the configured zero-shot tasks (eval/) on the current weights, each rank scoring its
@@ -419,6 +435,7 @@ class Trainer:
         checkpoint.check_compatible(vars(self.model_config), self.config.to_dict(), path)
         self.layout.load(self.state, checkpoint, path)
         self.last_checkpoint_step = self.step
+        self.checkpoint_steps.append(self.step)
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})")
 

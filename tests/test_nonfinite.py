@@ -102,14 +102,29 @@ def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monke
         for _ in range(3):
             with no_host_reads():
                 trainer.train_step()
-            trainer.step += 1
+            trainer.state.step += 1
         moved = not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
         assert moved and trainer.nonfinite.first.item() == 2
         if policy == "skip":
             assert trainer.nonfinite.skipped == 1
-            assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check("")
+            assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check(lambda first: "")
         else:
             with pytest.raises(NonFiniteError, match="non-finite gradient at step 2"):
                 trainer.check_finite()
     finally:
         trainer.close()
+
+
+def test_skip_names_the_checkpoint_from_before_the_first_skipped_step(byte_shards, tmp_path, monkeypatch):
+    # Checkpoints at 2 and 4; step 3 is skipped and 5-7 too: the newest (4) came after the first skip.
+    monkeypatch.chdir(ROOT)
+    trainer = _trainer(byte_shards, tmp_path, "--nonfinite=skip", "--max_skipped_steps=3", "--max_steps=20",
+                       "--checkpoint_interval=2", "--keep_checkpoints=3")
+    _poison(trainer, {3, 5, 6, 7})
+    with pytest.raises(NonFiniteError) as error:
+        trainer.train()
+    trainer.close()
+    run = tmp_path / "default"
+    assert (f"The newest checkpoint, {run / CHECKPOINT_NAME} at step 6, was written after the first non-finite step "
+            f"3, so its weights may be damaged though finite; the last one before it is {run / 'ckpt_00000002.pt'} "
+            f"(step 2)") in str(error.value)

@@ -5,6 +5,8 @@ sync; the loop reads it where it syncs anyway (log steps, checkpoints) through `
 "skip" the optimizer drops a flagged update on the device (``step_unless``), so a run of skipped
 steps is noticed at the next log step: by then nothing was applied, only compute was spent.
 """
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -34,11 +36,13 @@ class NonFiniteSteps:
         self.limit_reached_at = torch.where((self.limit_reached_at < 0) & (self.in_a_row >= self.max_in_a_row),
                                             step, self.limit_reached_at)
 
-    def check(self, last_good: str) -> str | None:
-        """Raise NonFiniteError if the policy says stop; else a line about the steps skipped since
-        the last check (None if there were none). One host read."""
+    def check(self, last_good: Callable[[int], str]) -> str | None:
+        """Raise NonFiniteError if the policy says stop, with ``last_good(first non-finite step)``,
+        the sentence about which checkpoint to go back to; else a line about the steps skipped
+        since the last check (None if there were none). One host read."""
         first, last, total, limit_at = torch.stack([self.first, self.last, self.total,
                                                     self.limit_reached_at]).tolist()
+        last_good = last_good(first)
         if self.policy == "stop":
             if first >= 0:
                 raise NonFiniteError(f"non-finite gradient at step {first}: stopping without saving. {last_good}. "
