@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import optim
 from configs import TrainConfig, load_config, save_config
-from data.loader import TokenLoader
+from data.loader import ShardTokenError, TokenLoader
 from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
 from model import GPT
@@ -104,6 +104,11 @@ class Trainer:
                                       world_size=self.ctx.world_size, **loader_options)
         self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
         # A fixed batch for the probe (attention logits and entropies): the first validation sequences.
+        probe_tokens = config.probe_batch_size * block + 1
+        if self.val_loader.split_tokens < probe_tokens:
+            raise ValueError(f"probe_batch_size={config.probe_batch_size} needs {probe_tokens:,} validation tokens "
+                             f"(probe_batch_size x block_size {block} + 1), but the 'val' split of {config.data_dir} "
+                             f"has {self.val_loader.split_tokens:,}: lower probe_batch_size")
         self.probe_batch = TokenLoader(config.data_dir, "val", config.probe_batch_size, block, prefetch=False,
                                        **loader_options).next_batch()[0]
         self.total_steps, self.warmup_steps = config.steps(block)
@@ -505,7 +510,7 @@ def main(argv: list[str]):
         sys.exit(f"train.py: {error}")
     try:
         trainer.train()
-    except (NonFiniteError, OSError) as error:
+    except (NonFiniteError, ShardTokenError, OSError) as error:
         sys.exit(f"train.py: {error}")
     finally:
         trainer.close()

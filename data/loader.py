@@ -36,6 +36,11 @@ from data.shards import list_shards, open_shard
 SCAN_CHUNK_TOKENS = 1 << 24  # scan in 32 MiB pieces: small temporaries even for a 9B-token train.bin
 
 
+
+class ShardTokenError(ValueError):
+    """A shard holds a token id the tokenizer does not have (found when the loader reaches it,
+    which may be mid-run: train.py then exits with this message, its last checkpoint intact)."""
+
 class ShardScan(NamedTuple):
     max_token: int | None  # None when no vocabulary check was asked for
     eot_positions: np.ndarray | None  # sorted; None when documents are not aligned
@@ -241,7 +246,7 @@ class TokenLoader:
             return
         max_token = self.scan(shard).max_token
         if max_token >= self.vocab_size:
-            raise ValueError(
+            raise ShardTokenError(
                 f"shard {self.shard_paths[shard]} holds token id {max_token}, but the tokenizer "
                 f"has only {self.vocab_size} tokens (ids 0..{self.vocab_size - 1}): the data was "
                 "prepared with another tokenizer. Re-prepare it with `python -m data.prepare "

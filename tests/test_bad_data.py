@@ -57,3 +57,17 @@ def test_nanogpts_character_level_bins_are_refused(prepared, tmp_path):
     with pytest.raises(SystemExit, match=r"holds nanoGPT's meta.pkl: .*prepare the text itself into a new folder "
                                          r"instead: prepare it with `python -m data.prepare shakespeare --tokenizer byte"):
         train.main([*TINY, f"--data_dir={char_level}", f"--out_dir={tmp_path / 'runs'}"])
+
+
+def test_a_bad_token_id_in_a_later_shard_is_one_line_naming_it_and_the_checkpoint_stays(tmp_path):
+    data = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    write_shard(data / "train_000000.bin", rng.integers(0, 256, 700, dtype=np.uint16))
+    write_shard(data / "train_000001.bin", np.full(700, 300, dtype=np.uint16))  # not a byte: another tokenizer's
+    write_shard(data / "val_000000.bin", rng.integers(0, 256, 700, dtype=np.uint16))
+    with pytest.raises(SystemExit, match=r"train.py: shard .*train_000001.bin holds token id 300, but the tokenizer "
+                                         r"has only 257 tokens"):
+        train.main([*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'runs'}", "--max_steps=40",
+                    "--checkpoint_interval=2", "--log_interval=2"])
+    from training.checkpoint import Checkpoint
+    assert Checkpoint.load(tmp_path / "runs" / "default" / "ckpt.pt").step >= 2  # what was trained is kept

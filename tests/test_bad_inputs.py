@@ -73,6 +73,8 @@ CASES = {
                                  r"optimizer: checkpoint 'merit', now 'lion'"),
     "resume past max_steps": (["--resume", "--run_name=good", "--max_steps=1"], r"at step 2, past this config's 1 "
                                                                                 r"steps: raise max_steps"),
+    "probe batch too large": (["--probe_batch_size=100000"], r"probe_batch_size=100000 needs 3,200,001 validation "
+                                                                 r"tokens .*: lower probe_batch_size"),
     "out_dir is a file": (["--out_dir={out}/good/config.json"], r"config.json is a file; choose another out_dir"),
     "a config given as JSON": (["{out}/good/config.json", "--run_name=again", "--learning_rate=1"],
                                r"unknown config key 'learning_rate' in the command line; here it is lr"),
