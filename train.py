@@ -81,10 +81,16 @@ class Trainer:
         self.model_config = config.model_config(self.tokenizer.n_vocab)
         self.model = GPT(self.model_config).to(self.device)
         self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
-        self.optimizer = optim.build(
-            config.optimizer, self.model, **run.optimizer_kwargs, decay_embeddings=config.decay_embeddings,
-            batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
-            zero_redundancy=self.layout.zero_redundancy)
+        try:
+            self.optimizer = optim.build(
+                config.optimizer, self.model, **run.optimizer_kwargs, decay_embeddings=config.decay_embeddings,
+                batch_tokens=config.batch_size * self.model_config.block_size, backend=config.optim_backend,
+                zero_redundancy=self.layout.zero_redundancy)
+        except ValueError as error:  # a hyper-parameter out of its range: say which key sets it
+            settings = ", ".join(f"{key} {value}" for key, value in run.optimizer_kwargs.items())
+            raise ValueError(f"optimizer={config.optimizer!r} refuses its settings ({settings}): {error}; betas are "
+                             f"set by beta1 and beta2, lr, weight_decay and eps by their keys, the others in "
+                             f"optimizer_options") from error
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
         self.update_statistics = UpdateStatistics(self.model)

@@ -306,6 +306,8 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
     """Build the config from a Python file (optional) and --key=value overrides."""
     values = {}
     if path is not None:
+        if Path(path).is_dir():
+            raise ConfigError(f"config file {path} is a folder: give a config file, e.g. configs/default.py")
         if not Path(path).is_file():
             raise ConfigError(f"config file {path} does not exist")
         for key, value in _run_config_file(Path(path)).items():

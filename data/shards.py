@@ -205,6 +205,9 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
     shard present with the size its token count gives (and, if ``sha256``, its checksum), and no
     shard it does not list. Returns the manifest. A missing folder is an error that says how to
     prepare it (with ``tokenizer``); nanoGPT's character-level bins (meta.pkl) are refused."""
+    if Path(data_dir).is_file():
+        raise NotADirectoryError(f"data dir {data_dir} is a file: data_dir is the folder data/prepare.py wrote "
+                                 f"(its shards and manifest.json)")
     if not Path(data_dir).is_dir():
         raise FileNotFoundError(f"data dir {data_dir} does not exist; {prepare_hint(data_dir, tokenizer)}")
     if (Path(data_dir) / "meta.pkl").is_file():  # nanoGPT's shakespeare_char: ids of its own character vocabulary

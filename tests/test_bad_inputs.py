@@ -75,6 +75,38 @@ CASES = {
                                                                                 r"steps: raise max_steps"),
     "probe batch too large": (["--probe_batch_size=100000"], r"probe_batch_size=100000 needs 3,200,001 validation "
                                                                  r"tokens .*: lower probe_batch_size"),
+    # Found trying the framework as a new user would (beyond the list):
+    "heads do not divide the width": (["--n_embd=30", "--n_head=4"], r"n_embd \(30\) must be divisible by n_head \(4\)"),
+    "unknown model preset": (["--model=gpt3"], r"unknown model preset 'gpt3'; valid presets: nano, .*gpt2-xl"),
+    "dropout out of range": (["--dropout=1.5"], r"dropout must be in \[0, 1\), got 1.5"),
+    "unknown qk_norm": (["--qk_norm=l2"], r"qk_norm must be one of None, 'layernorm', 'rmsnorm', got 'l2'"),
+    "vocabulary smaller than the tokenizer's": (["--vocab_size=100"], r"vocab_size=100 is smaller than the "
+                                                                      r"tokenizer's 257 tokens"),
+    "no layers": (["--n_layer=0"], r"n_layer must be a positive int, got 0"),
+    "beta out of range": (["--beta1=1.5"], r"optimizer='merit' refuses its settings \(.*betas \(1.5, 0.95\).*Invalid "
+                                           r"beta parameter at index 0: 1.5 \(must be in \[0, 1\)\); betas are set by "
+                                           r"beta1 and beta2"),
+    "negative eps": (["--eps=-1"], r"Invalid epsilon value: -1.0 \(must be >= 0\)"),
+    "Sophia-G's Hessian interval": (["--optimizer=sophiag", "--optimizer_options={'hessian_interval': 0}"],
+                                    r"Invalid hessian_interval: 0 \(must be an int >= 1\).*optimizer_options"),
+    "negative rho": (["--optimizer=sophiag", "--optimizer_options={'rho': -1}"], r"Invalid rho value: -1"),
+    "unknown norm": (["--optimizer_options={'norm': 'l3'}"], r"Invalid norm: 'l3' \(must be 'max' or 'l2'\)"),
+    "a flag that is not a bool": (["--optimizer_options={'maxlamb': 'yes'}"], r"Invalid maxlamb: 'yes' \(must be True "
+                                                                              r"or False\)"),
+    "block longer than the data": (["--block_size=100000"], r"the 'train' split of .* has [\d,]+ tokens, fewer than "
+                                                             r"one global micro-batch needs.*Use a smaller batch or block"),
+    "eval interval zero": (["--eval_interval=0"], r"log_interval and eval_interval must be > 0"),
+    "negative weight decay": (["--optimizer=lion", "--weight_decay=-1"], r"weight_decay=-1.0 must be >= 0"),
+    "micro-batch larger than the batch": (["--micro_batch_size=4"], r"batch_size=2 is not divisible by "
+                                                                    r"micro_batch_size=4"),
+    "no zero-shot task in the list": (["--zero_shot_tasks=,"], r"zero_shot_tasks=',': no task given; valid tasks"),
+    "data_dir is a file": (["--data_dir={data}/manifest.json"], r"data dir .*manifest.json is a file: data_dir is "
+                                                                r"the folder data/prepare.py wrote"),
+    "config path is a folder": (["{data}"], r"config file .* is a folder: give a config file, e.g. "
+                                            r"configs/default.py"),
+    "optimizer options not a dict": (["--optimizer_options=3"], r"'optimizer_options' in the command line must be "
+                                                                r"dict, got int 3"),
+    "negative batch": (["--batch_size=-4"], r"batch_size and micro_batch_size must be > 0"),
     "out_dir is a file": (["--out_dir={out}/good/config.json"], r"config.json is a file; choose another out_dir"),
     "a config given as JSON": (["{out}/good/config.json", "--run_name=again", "--learning_rate=1"],
                                r"unknown config key 'learning_rate' in the command line; here it is lr"),
