@@ -121,6 +121,8 @@ CASES = {
     "a config with a syntax error": (["{data}/../broken.py"], r"broken.py, line 2: invalid syntax"),
     "no config at all": (None, r"no config given: python train.py configs/default.py"),
     "an infinite lr": (["--lr=1e999"], r"lr=inf must be a finite number"),
+    "zero-shot data unreachable": (["--zero_shot_tasks=copa"], r"zero_shot_tasks='copa': task copa: Couldn't reach "
+                                                               r".* on the Hub.*give local files"),
     "zero-shot data missing": (["--zero_shot_tasks=copa", "--zero_shot_data_dir={data}"],
                                r"zero_shot_data_dir=.*task copa: no local data file; expected .*copa.jsonl"),
     "resume another seed": (["--resume", "--run_name=good", "--seed=9"], r"seed: checkpoint 1337, now 9"),
@@ -134,6 +136,14 @@ CASES = {
                                                                      r"one before it, ckpt_00000001.pt, with "
                                                                      r"--resume=auto"),
 }
+
+
+def offline(monkeypatch):
+    """The hub unreachable at once (as on an air-gapped node, without datasets' retries)."""
+    import datasets
+    import huggingface_hub.constants
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 def snapshot(root):
@@ -174,6 +184,7 @@ def test_the_table_covers_at_least_30_inputs():
 def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name, monkeypatch, tmp_path):
     data, out = workspace
     monkeypatch.chdir(tmp_path)
+    offline(monkeypatch)
     extra, pattern = CASES[name]
     argv = []  # (None: no arguments at all)
     if extra is not None:
