@@ -362,7 +362,7 @@ def save_progress(out_dir: Path, progress: dict) -> None:
 
 def finish(out_dir: Path, manifest: dict, start: float) -> None:
     splits = manifest["splits"]
-    empty = [split for split, listed in splits.items() if listed["tokens"] == 0]
+    empty = ["train"] if splits["train"]["tokens"] == 0 else []  # (no val is a choice: --val-fraction 0)
     text_free = sum(listed["tokens"] for listed in splits.values()) <= manifest["documents"]  # end-of-text tokens only
     if empty or text_free:  # (such a folder cannot train; no manifest is written)
         what = f"no {' and no '.join(empty)} tokens" if empty else "no text (every document is empty)"

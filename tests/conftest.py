@@ -1,14 +1,17 @@
-"""Shared fixtures: a small byte-level corpus written as shards, a runner for train.py, and the
-three backends of the optimizers' fused operations."""
+"""Shared fixtures: a small byte-level corpus written as shards, runners for train.py (a new process,
+or ``train.main`` in this one), and the three backends of the optimizers' fused operations."""
 
+import io
 import os
+import signal
+import warnings
 
 # The optimizers' Triton kernels run in Triton's CPU interpreter here (read when Triton is imported,
 # on first use): the tests need no GPU. scripts/check_cuda.py runs them on one.
 os.environ["TRITON_INTERPRET"] = "1"
 
 import random
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +46,19 @@ def require_backend(name: str) -> str:
     return name
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    """Triton's CPU interpreter takes about 0.3 s a case: where a test module names the cases of its
+    reference tests (parametrized ``name``) that run on the triton ``backend`` in the quick tier,
+    ``QUICK_TRITON_CASES``, its other cases on triton are marked slow (the full suite runs them all;
+    the cpp and torch backends run every case in both tiers)."""
+    for item in items:
+        quick = getattr(getattr(item, "module", None), "QUICK_TRITON_CASES", None)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if quick is not None and params.get("backend") == "triton" and params.get("name", quick[0]) not in quick:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["cpp", "triton", "torch"])
 def backend(request):
     """Run a test on each backend of the optimizers' fused operations (see ``require_backend``)."""
@@ -70,6 +86,41 @@ def run_train(*args: str, nproc: int = 1, cwd: Path = ROOT, timeout: int = 300,
     result = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0 or not check, f"train.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def train_here(*args: str, cwd: Path = ROOT, check: bool = True, threads: int | None = 1) -> subprocess.CompletedProcess:
+    """Run train.py's ``main`` in this process, as ``run_train`` runs it in a new one (same argv), for
+    the tests that are not about the process itself (its exit on a signal, torchrun, a fresh import):
+    it saves a new interpreter, the torch import and the C++ kernels' load. The result reads as the
+    process's would: returncode 1 and the message in stderr on ``sys.exit(message)``, printed output
+    in stdout and stderr (warnings, as Python prints them, in stderr). One thread by default, as
+    run_train's OMP_NUM_THREADS=1, so a run here and one in a process compute bitwise alike (None:
+    torch's default, where no test compares with a process's run); the SIGTERM handler the Trainer
+    installs, the thread count and the working directory are restored afterwards."""
+    import train
+    out, err = io.StringIO(), io.StringIO()
+    sigterm, saved_threads, here = signal.getsignal(signal.SIGTERM), torch.get_num_threads(), os.getcwd()
+    returncode = 0
+    try:
+        torch.set_num_threads(threads or saved_threads)
+        os.chdir(cwd)
+        with warnings.catch_warnings(record=True) as caught, redirect_stdout(out), redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:
+                train.main(list(args))
+            except SystemExit as exit:
+                returncode = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+                if exit.code is not None and not isinstance(exit.code, int):
+                    print(exit.code, file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        torch.set_num_threads(saved_threads)
+        os.chdir(here)
+    stderr = err.getvalue() + "".join(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}\n"
+                                      for w in caught)
+    result = subprocess.CompletedProcess(["train.py", *args], returncode, out.getvalue(), stderr)
+    assert returncode == 0 or not check, f"train.main failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
 
 

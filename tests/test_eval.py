@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, train_here
 from data.shards import write_shard
 from data.tokenizer import get_tokenizer
 from eval import evaluate
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
     tokens = [t for text in texts for t in (encoding.eot_token, *encoding.encode(text))]
     write_shard(root / "data" / "train_000000.bin", np.array(tokens * 3))
     write_shard(root / "data" / "val_000000.bin", np.array(tokens[: len(tokens) // 4]))
-    run_train(*train_args(root, "run", STEPS), timeout=600)
+    train_here(*train_args(root, "run", STEPS))  # here (a new process: the DDP run below)
     return root / "run", root / "tasks"
 
 
@@ -68,6 +68,7 @@ def metric_values(results: dict) -> dict:
             if k not in ("version", "n", "seconds")}
 
 
+@pytest.mark.slow  # the trained fixture (a GPT-2-vocabulary model), `python -m eval`
 def test_cli_writes_the_results_the_training_hook_logged(trained, ours, tmp_path):
     run_dir, tasks_dir = trained
     out = tmp_path / "results.json"
@@ -91,6 +92,7 @@ def test_cli_writes_the_results_the_training_hook_logged(trained, ours, tmp_path
         assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key  # batch 4 in training, 7 here
 
 
+@pytest.mark.slow  # torchrun, 2 gloo ranks
 def test_two_ranks_share_the_zero_shot_examples_and_log_every_metric(trained):
     """Each rank of a DDP run scores every other example; the gathered metrics are those of one
     process evaluating the same checkpoint alone."""
@@ -107,6 +109,7 @@ def test_two_ranks_share_the_zero_shot_examples_and_log_every_metric(trained):
         assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.slow  # the trained fixture
 def test_metrics_do_not_depend_on_batch_size(trained, ours):
     run_dir, tasks_dir = trained
     model, _ = load_model(run_dir / CHECKPOINT_NAME)
@@ -150,6 +153,7 @@ def assert_same_as_harness(ours: dict, harness: dict, atol: float, rtol: float =
             assert value == pytest.approx(results[f"{metric},none"], rel=1e-6), (name, metric)
 
 
+@pytest.mark.slow  # the trained fixture, the export as a process, the harness
 def test_agreement_with_the_harness_hf_backend_on_the_exported_model(trained, ours, tmp_path):
     pytest.importorskip("transformers")
     run_dir, tasks_dir = trained
@@ -161,6 +165,7 @@ def test_agreement_with_the_harness_hf_backend_on_the_exported_model(trained, ou
     assert_same_as_harness(ours, harness, atol=1e-4)
 
 
+@pytest.mark.slow  # the trained fixture, the harness
 def test_the_harness_runs_our_checkpoint_through_the_adapter(trained, ours, tmp_path):
     from eval.harness import NanoMeritLM
     run_dir, tasks_dir = trained
@@ -169,6 +174,7 @@ def test_the_harness_runs_our_checkpoint_through_the_adapter(trained, ours, tmp_
     assert_same_as_harness(ours, harness, atol=1e-5, rtol=1e-6)
 
 
+@pytest.mark.slow  # `python -m eval` twice, processes of their own
 def test_the_cli_without_the_hub_or_a_checkpoint_says_what_to_pass(tmp_path):
     torch.manual_seed(0)
     Checkpoint.of_model(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=320)),

@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from conftest import ROOT, run_train
+from conftest import ROOT, train_here
 from data.shards import list_shards, open_shard
 from study import hessian
 from training.checkpoint import load_model
@@ -161,10 +161,10 @@ def checkpoint_file(byte_shards, tmp_path_factory):
     stands clear of the rest, for a fast power iteration (near initialisation the spectrum is
     about symmetric around 0, which power iteration resolves slowly)."""
     out = tmp_path_factory.mktemp("hessian_run")
-    run_train("--model=nano", "--n_layer=1", "--n_head=1", "--n_embd=4", "--block_size=8", "--vocab_size=257",
-              "--tokenizer=byte", "--max_steps=30", "--lr=3e-2", "--batch_size=2", "--micro_batch_size=2",
-              "--eval_interval=100", "--val_tokens=64", "--probe_batch_size=2", f"--data_dir={byte_shards}",
-              f"--out_dir={out}", "--run_name=run")
+    train_here("--model=nano", "--n_layer=1", "--n_head=1", "--n_embd=4", "--block_size=8", "--vocab_size=257",
+               "--tokenizer=byte", "--max_steps=30", "--lr=3e-2", "--batch_size=2", "--micro_batch_size=2",
+               "--eval_interval=100", "--val_tokens=64", "--probe_batch_size=2", f"--data_dir={byte_shards}",
+               f"--out_dir={out}", "--run_name=run")
     return out / "run" / "ckpt.pt"
 
 
@@ -196,6 +196,7 @@ def run_hessian(*args):
                           text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow  # `python -m scripts.hessian`, a process of its own
 def test_cli_matches_the_dense_hessian(checkpoint_file, byte_shards):
     result = run_hessian(checkpoint_file, "--batches=2", "--batch-size=2", "--samples=50", "--tol=1e-7",
                          "--max-iter=500", "--seed=3")
@@ -215,6 +216,7 @@ def test_cli_matches_the_dense_hessian(checkpoint_file, byte_shards):
     assert out["trace_stderr"] > 0 and abs(out["trace"] - torch.trace(H).item()) < 4 * out["trace_stderr"]
 
 
+@pytest.mark.slow  # `python -m scripts.hessian`, a process of its own
 def test_cli_missing_checkpoint(tmp_path):
     missing = tmp_path / "nowhere" / "ckpt.pt"
     result = run_hessian(missing)

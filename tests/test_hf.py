@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf as interop
-from conftest import ROOT, run_train
+from conftest import ROOT, train_here
 from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
 from training import checkpoint
@@ -248,10 +248,10 @@ def run_export(*args, check=True):
 
 
 def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
-    run_train("--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-              "--bias=True", "--scale_attn_by_inverse_layer_idx=True", "--max_steps=2", "--batch_size=2",
-              "--micro_batch_size=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-              f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run")
+    train_here("--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
+               "--bias=True", "--scale_attn_by_inverse_layer_idx=True", "--max_steps=2", "--batch_size=2",
+               "--micro_batch_size=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
+               f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run")
     result = run_export(tmp_path / "run" / "ckpt.pt", tmp_path / "hf")
     assert "wrote" in result.stdout and "step 2" in result.stdout
     model, state = checkpoint.load_model(tmp_path / "run" / "ckpt.pt")
@@ -266,6 +266,7 @@ def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
     assert provenance["step"] == 2 and provenance["tokenizer"] == "byte"
 
 
+@pytest.mark.slow  # scripts/export_hf.py in processes of their own (transformers imported each time)
 def test_cli_gpt2_checkpoint_and_force(tmp_path):
     model = random_model(scale_attn_by_inverse_layer_idx=True)
     ckpt = save_checkpoint(model, tmp_path / "ckpt.pt")
@@ -285,6 +286,7 @@ def test_cli_gpt2_checkpoint_and_force(tmp_path):
 
 # ---- errors ----
 
+@pytest.mark.slow  # scripts/export_hf.py in processes of their own (transformers imported each time)
 def test_cli_errors(tmp_path):
     missing = run_export(tmp_path / "nope.pt", tmp_path / "hf", check=False)
     assert missing.returncode != 0 and "no checkpoint at" in missing.stderr

@@ -3,9 +3,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow  # two runs at once in processes of their own, then the report and figures
 def test_the_mini_study_runs_its_grid_and_writes_the_report_and_figures(tmp_path, byte_shards):
     out = tmp_path / "mini"
     tiny = ["max_tokens=2048", "warmup_steps=0", "block_size=32", "batch_size=8", "micro_batch_size=8",

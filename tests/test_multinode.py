@@ -16,10 +16,13 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import ROOT, run_train
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+
+pytestmark = pytest.mark.slow  # torchrun agents, a fake SLURM, signals: real processes throughout
 
 SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
 TIMEOUT = 240  # a hung rendezvous or collective fails the test instead of blocking it

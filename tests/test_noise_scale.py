@@ -85,6 +85,7 @@ def test_one_micro_batch_on_one_rank_is_not_a_measurement():
     assert GradientNoiseScale.possible(grad_accum=2, world_size=1) and GradientNoiseScale.possible(1, 2)
 
 
+@pytest.mark.slow  # torchrun, 2 gloo ranks
 def test_two_gloo_ranks_recover_b_simple_in_the_comm_hook_and_over_micro_steps():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -203,7 +203,7 @@ def test_adamw_runs_step_hooks_once():
 # and than one thread's share, with decay and without, b1 on both sides of torch's lerp switch.
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("name", ["lion", "sophiag"])
-@pytest.mark.parametrize("kernel", ["cpp", "triton"])
+@pytest.mark.parametrize("kernel", ["cpp", pytest.param("triton", marks=pytest.mark.slow)])  # (Triton's interpreter: seconds a case)
 def test_kernels_match_the_torch_reference(kernel, name, dtype, tol):
     require_backend(kernel)
     gen = torch.Generator().manual_seed(12)

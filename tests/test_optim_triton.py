@@ -65,6 +65,7 @@ def _describe(kernel, args: tuple, constexprs: dict) -> dict:
     return {"kernel": kernel.fn.__name__, "signature": signature, "constexprs": values}
 
 
+@pytest.mark.slow  # a process of its own, compiling or interpreting every kernel
 def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_path):
     require_backend("triton")
     launches = {}
@@ -136,6 +137,7 @@ def test_without_triton_a_named_backend_is_an_error_and_auto_warns_once(monkeypa
         backends.common.warn_once.cache_clear()
 
 
+@pytest.mark.slow  # a process of its own, compiling or interpreting every kernel
 def test_check_cuda_script_runs_its_checks_on_the_cpu():
     # scripts/check_cuda.py is what a GPU session runs; here its code runs on the CPU (Triton's
     # interpreter, small shapes), so that it works the first time a GPU is at hand.

@@ -134,6 +134,7 @@ data.prepare.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow  # real processes, killed mid-preparation
 @pytest.mark.parametrize("target, nth", [("append", 9), ("_finish_shard", 20), ("checkpoint", 11)])
 def test_killed_preparation_resumes_byte_identical(owt, tmp_path, target, nth):
     source, _ = owt
@@ -204,7 +205,7 @@ def test_complete_output_is_reused_and_force_redoes(owt, tmp_path, monkeypatch):
     first = json.loads((tmp_path / "out" / "manifest.json").read_text())
     monkeypatch.setattr("data.prepare.encode_documents", lambda *a: pytest.fail("redone"))
     main([*args, "--shard-tokens", "20000"])
-    with pytest.raises(ValueError, match="other settings.*--force"):
+    with pytest.raises(SystemExit, match="prepare: .*other settings.*--force"):  # one line, no traceback
         main([*args, "--shard-tokens", "30000"])
     monkeypatch.undo()
     main([*args, "--shard-tokens", "30000", "--force"])
@@ -237,6 +238,7 @@ def test_shakespeare_falls_back_to_registry_texts(tmp_path, monkeypatch):
     assert len(streams["val"]) == round(0.1 * len(expected))
 
 
+@pytest.mark.slow  # `python -m data.prepare`, a process of its own
 def test_cli_runs_as_a_script(tmp_path):
     (tmp_path / "a.txt").write_text("one document", encoding="utf-8")
     out_dir = tmp_path / "cli"
@@ -248,6 +250,7 @@ def test_cli_runs_as_a_script(tmp_path):
     assert manifest["splits"]["train"]["tokens"] == 1 + len("one document")
 
 
+@pytest.mark.slow  # `python -m data.prepare`: the process's stderr
 def test_a_malformed_jsonl_line_is_a_message_not_a_traceback(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"text": "a first document"}\n{"text": "cut off\n')
     result = subprocess.run([sys.executable, "-m", "data.prepare", "--files", str(tmp_path / "*.jsonl"), "--tokenizer",

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]  # (the torchrun workers below get it as their PYTHONPATH)
+pytestmark = pytest.mark.slow  # torchrun, 2 to 4 gloo ranks
 STEPS, SAVE_AT = 10, 5
 # Rows that do not divide by 2, 3 or 4 ranks: c_attn 18, vocabulary 61 (16/16/16/13 on 4 ranks),
 # c_proj and every vector 6 (2/2/2/0 on 4 ranks: an empty shard). No biases, as in GPT-2's reference

@@ -108,6 +108,7 @@ def test_report_defaults_the_target_to_the_worst_best_point(study):
     assert "## Steps and tokens to validation loss 2.600" in text  # adamw b16's mean
 
 
+@pytest.mark.slow  # matplotlib, every figure
 def test_plot_writes_every_figure(study, tmp_path):
     out = tmp_path / "figures"
     result = cli("plot", study, "--out", out)
@@ -125,6 +126,7 @@ def test_plot_writes_every_figure(study, tmp_path):
     assert [v for row in plot.head_logits(merit, 20) for v in row] == pytest.approx([10.0, 5.0, 10 / 3, 100.0, 50.0, 100 / 3])
 
 
+@pytest.mark.slow  # the scripts as processes of their own
 def test_no_runs_is_a_clear_error(tmp_path):
     for name, args in (("report", [tmp_path]), ("plot", [tmp_path, "--out", tmp_path / "f"])):
         result = cli(name, *args)

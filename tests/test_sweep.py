@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs import load_config
-from conftest import ROOT, run_train
+from conftest import ROOT, train_here
 
 TINY = {"model": "nano", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "tokenizer": "byte",
         "dropout": 0.0, "log_interval": 2, "eval_interval": 100, "val_tokens": 512, "probe_batch_size": 2,
@@ -61,6 +61,7 @@ def test_dry_run_prints_the_plan_of_a_2x2x2_grid_and_writes_nothing(tmp_path, by
     assert not (tmp_path / "plan").exists()
 
 
+@pytest.mark.slow  # the sweep launches its points under torchrun
 def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_path, byte_shards):
     base = base_config(tmp_path, byte_shards)
     common = [base, "--name=local", f"--out-dir={tmp_path}", "--grid=optimizer=adamw,merit"]
@@ -68,7 +69,7 @@ def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_
     folder = tmp_path / "local"
     assert sorted(p.name for p in folder.iterdir()) == ["adamw", "merit"]
     # merit is interrupted after its checkpoint at step 2 (as a killed or preempted job leaves it).
-    run_train(str(folder / "merit" / "point.py"), "--stop_at_step=2")
+    train_here(str(folder / "merit" / "point.py"), "--stop_at_step=2")
     assert rows(sweep(*common, "--dry-run").stdout)["merit"]["status"] == "at step 2"
 
     first = sweep(*common, "--launch=local")

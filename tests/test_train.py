@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, make_text, run_train
+from conftest import ROOT, make_text, run_train, train_here
 from data.shards import write_shard
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.run_config import resolve_config
 
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
         "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
@@ -37,12 +38,13 @@ def load_params(run_dir):
 
 # The optimizers whose math reaches across tensors or batches (trust ratios, the Hessian pass); AdamW
 # and Lion take the same loop path element by element.
+@pytest.mark.slow  # torchrun, 2 gloo ranks
 @pytest.mark.parametrize("optimizer", ["merit", "lamb", "sophiag"])
 def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optimizer):
     common = ("--max_steps=5", "--batch_size=4", "--micro_batch_size=2", f"--optimizer={optimizer}",
               "--optimizer_options={'hessian_interval': 2}" if optimizer == "sophiag" else "--lr=0.01")
     run_train(*args(byte_shards, tmp_path, "--run_name=ddp", *common), nproc=2)  # accumulation 1
-    run_train(*args(byte_shards, tmp_path, "--run_name=single", *common))  # accumulation 2
+    train_here(*args(byte_shards, tmp_path, "--run_name=single", *common))  # accumulation 2
     ddp, single = load_params(tmp_path / "ddp"), load_params(tmp_path / "single")
     for name in single:
         torch.testing.assert_close(ddp[name], single[name], atol=1e-5, rtol=0, msg=name)
@@ -61,10 +63,10 @@ def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optim
 
 def test_resume_continues_bitwise(byte_shards, tmp_path):
     common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3")
-    run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common))
-    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=4"))
+    train_here(*args(byte_shards, tmp_path, "--run_name=straight", *common))
+    train_here(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=4"))
     assert Checkpoint.load(tmp_path / "split" / "ckpt.pt").step == 4
-    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))
+    train_here(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))
 
     straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 9))  # no gap, no duplicate
@@ -80,12 +82,13 @@ def test_resume_continues_bitwise(byte_shards, tmp_path):
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
+@pytest.mark.slow  # torchrun, 2 gloo ranks
 def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(byte_shards, tmp_path):
     # Aligned rows follow a cursor through the global stream: the strictest test of its position.
     common = ("--max_steps=6", "--batch_size=4", "--micro_batch_size=2", "--align_documents=True")
     run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common), nproc=2)
     run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=3"), nproc=2)
-    resumed = run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))  # accumulation 2
+    resumed = train_here(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))  # accumulation 2
     assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
 
     straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
@@ -100,8 +103,8 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(by
 
 def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1", "--warmup_steps=1",
-                                             "--batch_size=2", "--micro_batch_size=2")))
+    trainer = Trainer(resolve_config(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1", "--warmup_steps=1",
+                                                 "--batch_size=2", "--micro_batch_size=2"))))
     eot = trainer.tokenizer.eot_token
     for loader in (trainer.train_loader, trainer.val_loader):
         assert loader.align_documents and loader.eot_token == eot and loader.vocab_size == trainer.tokenizer.n_vocab
@@ -111,14 +114,14 @@ def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch
 
 
 def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
-    run_train(*args(byte_shards, tmp_path, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2"))
+    train_here(*args(byte_shards, tmp_path, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2"))
     state = Checkpoint.load(tmp_path / "default" / "ckpt.pt")
     assert state.step == 2 and state.tokens == 2 * 2 * 32
     assert state.config["optimizer"] == "merit" and state.model_args["n_layer"] == 2
     assert state.optimizer["state"] and len(state.rng) == 1 and state.train_loader
     assert state.code_version and state.optim_backends == {"group0": "cpp", "group1": "cpp"}
     assert json.loads((tmp_path / "default" / "config.json").read_text()) == state.config
-    refused = run_train(*args(byte_shards, tmp_path, "--max_steps=4", "--batch_size=2", "--micro_batch_size=2",
+    refused = train_here(*args(byte_shards, tmp_path, "--max_steps=4", "--batch_size=2", "--micro_batch_size=2",
                               "--n_embd=64", "--resume"), check=False)
     assert refused.returncode != 0 and "n_embd: checkpoint 32, now 64" in refused.stderr
 
@@ -186,7 +189,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_validation_loss_falls(byte_shards, tmp_path):
-    run_train(*args(byte_shards, tmp_path, "--max_steps=60", "--batch_size=8", "--micro_batch_size=8",
+    train_here(*args(byte_shards, tmp_path, "--max_steps=60", "--batch_size=8", "--micro_batch_size=8",
                     "--eval_interval=30", "--lr=0.02"))
     val = [r["val/loss"] for r in read_metrics(tmp_path / "default") if "val/loss" in r]
     assert len(val) == 3 and val[-1] < 0.8 * val[0], val  # from ~ln(320) = 5.8 towards the text's entropy
@@ -194,6 +197,7 @@ def test_validation_loss_falls(byte_shards, tmp_path):
     assert all(r["max_logit/layer_00"] > 0 for r in logits)
 
 
+@pytest.mark.slow  # a real process, signalled
 def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     cmd = [sys.executable, str(ROOT / "train.py"), *args(byte_shards, tmp_path, "--max_steps=100000",
                                                          "--batch_size=2", "--micro_batch_size=2")]
@@ -215,7 +219,7 @@ def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_s
     config = load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=7", "--batch_size=4",
                                     "--micro_batch_size=2", "--log_interval=3",
                                     "--optimizer_options={'hessian_interval': 3}"))
-    trainer = Trainer(config)
+    trainer = Trainer(resolve_config(config))
     assert trainer.optimizer.batch_tokens == 4 * 32  # bs follows the global batch, not a constant
     updates = []
     original = trainer.optimizer.update_hessian
@@ -233,8 +237,8 @@ def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_s
     win_rates = [v for r in records for k, v in r.items() if k.startswith("win_rate/")]
     assert win_rates and all(0.0 <= v <= 1.0 for v in win_rates)
     assert 0 < max(win_rates)  # h > 0 after the first estimate
-    other = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1", "--warmup_steps=1",
-                                           "--batch_size=8", "--micro_batch_size=2", "--run_name=bigger")))
+    other = Trainer(resolve_config(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=1", "--warmup_steps=1",
+                                               "--batch_size=8", "--micro_batch_size=2", "--run_name=bigger"))))
     assert other.optimizer.batch_tokens == 8 * 32
     other.close()
 
@@ -242,7 +246,7 @@ def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_s
 @pytest.mark.parametrize("optimizer, statistic", [("merit", "clip_fraction"), ("lamb", "trust_ratio"),
                                                   ("adamw", None), ("lion", None)])
 def test_optimizer_diagnostics_and_instruments_are_logged_per_layer(byte_shards, tmp_path, optimizer, statistic):
-    run_train(*args(byte_shards, tmp_path, f"--optimizer={optimizer}", "--max_steps=4", "--batch_size=2",
+    train_here(*args(byte_shards, tmp_path, f"--optimizer={optimizer}", "--max_steps=4", "--batch_size=2",
                     "--micro_batch_size=2", "--log_interval=2"))
     logged = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r]
     assert [r["step"] for r in logged] == [2, 4]
@@ -261,8 +265,8 @@ def test_optimizer_diagnostics_and_instruments_are_logged_per_layer(byte_shards,
 
 def test_sophiag_trains_with_its_published_settings_and_records_them(byte_shards, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    trainer = Trainer(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--batch_size=2",
-                                             "--micro_batch_size=2", "--max_steps=2", "--beta1=0.9")))
+    trainer = Trainer(resolve_config(load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--batch_size=2",
+                                                 "--micro_batch_size=2", "--max_steps=2", "--beta1=0.9"))))
     try:
         trainer.train()
     finally:
@@ -287,8 +291,8 @@ def test_seed_and_data_seed_vary_independently(tmp_path, monkeypatch):
     write_shard(data / "val_000000.bin", np.array([256] + list(make_text(40, 0).encode()), dtype=np.uint16))
 
     def start(*seeds):
-        trainer = Trainer(load_config(None, args(data, tmp_path / "runs", "--max_steps=2", "--batch_size=2",
-                                                 "--micro_batch_size=2", *seeds)))
+        trainer = Trainer(resolve_config(load_config(None, args(data, tmp_path / "runs", "--max_steps=2", "--batch_size=2",
+                                                     "--micro_batch_size=2", *seeds))))
         try:
             return next(trainer.model.parameters()).detach().clone(), trainer.train_loader.next_batch()[0]
         finally:

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from conftest import run_train
+from conftest import train_here
 
 pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 
@@ -53,9 +53,9 @@ def read_run(run_dir):
 
 def test_an_offline_run_holds_the_metrics_and_a_resumed_run_continues_its_id(byte_shards, tmp_path):
     common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
-    first = run_train(*common, "--stop_at_step=2")
+    first = train_here(*common, "--stop_at_step=2")
     assert "wandb could not start" not in first.stderr + first.stdout
-    run_train(*common, "--resume")
+    train_here(*common, "--resume")
     run_dir = tmp_path / "default"
     ids, rows = read_run(run_dir)
     assert len(ids) == 2 and ids[0] == ids[1] == (run_dir / "wandb_id.txt").read_text()  # one wandb run

@@ -50,7 +50,7 @@ from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
 SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Checkpoint beside the DCP files
-_NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
+NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
 FORMAT_VERSION = 4
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"}}
@@ -173,8 +173,8 @@ def _tensors(value):
 
 def numbered(run_dir: Path) -> list[Path]:
     """The run folder's checkpoints (files and sharded folders), oldest first."""
-    found = [p for p in Path(run_dir).iterdir() if _NUMBERED.fullmatch(p.name)] if Path(run_dir).is_dir() else []
-    return sorted(found, key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
+    found = [p for p in Path(run_dir).iterdir() if NUMBERED.fullmatch(p.name)] if Path(run_dir).is_dir() else []
+    return sorted(found, key=lambda p: int(NUMBERED.fullmatch(p.name).group(1)))
 
 
 def save_in(run_dir: Path, checkpoint: Checkpoint, keep: int, permanent_interval: int = 0) -> Path:
@@ -243,7 +243,7 @@ def _make_latest(run_dir: Path, path: Path, keep: int, permanent_interval: int) 
     os.symlink(path.name, link)
     os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete checkpoint
     for old in numbered(run_dir)[:-keep]:
-        step = int(_NUMBERED.fullmatch(old.name).group(1))
+        step = int(NUMBERED.fullmatch(old.name).group(1))
         if not (permanent_interval and step % permanent_interval == 0):
             shutil.rmtree(old) if old.is_dir() else old.unlink()
 

@@ -27,7 +27,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from training.checkpoint import CHECKPOINT_NAME, numbered
+from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
@@ -118,13 +118,14 @@ def prepare(run_dir: Path, stale: list[str]) -> None:
 
 
 def fingerprint(run_dir: Path) -> list[tuple]:
-    """What the folder holds (names, sizes, modification times, where ckpt.pt points), the lock
-    aside: a run compares it before deciding how to start and after taking the lock."""
+    """The run's own files in the folder (names, sizes, modification times, where ckpt.pt points;
+    not what others write beside them, such as a launcher's log): a run compares them before
+    deciding how to start and after taking the lock."""
     if not run_dir.is_dir():
         return []
     entries = []
     for path in sorted(run_dir.iterdir()):
-        if path.name == LOCK_NAME:
+        if path.name not in RUN_FILES and not NUMBERED.fullmatch(path.name):
             continue
         stat = path.lstat()
         entries.append((path.name, stat.st_size, stat.st_mtime_ns,
