@@ -64,22 +64,22 @@ def evaluate(ckpt, out, tasks, data_dir, *extra):
 def test_a_second_evaluation_keeps_the_first_ones_tasks(finished_run, tmp_path, capsys):
     ckpt, tasks = finished_run / "run" / "ckpt.pt", finished_run / "tasks"
     out = tmp_path / "results.json"
-    first = evaluate(ckpt, out, "copa,piqa", tasks)
-    second = evaluate(ckpt, out, "piqa,boolq", tasks, "--limit", "3")  # piqa again, with other settings
-    assert set(second["results"]) == {"copa", "piqa", "boolq"}
-    assert second["results"]["copa"] == first["results"]["copa"]  # kept
-    assert second["results"]["piqa"]["n"] == 3 and first["results"]["piqa"]["n"] == 4  # replaced by the new run
-    assert second["task_config"]["copa"]["eval_config"]["limit"] == 4  # each task its own configuration
-    assert second["task_config"]["piqa"]["eval_config"]["limit"] == 3
+    first = evaluate(ckpt, out, "boolq,cb", tasks)
+    second = evaluate(ckpt, out, "cb,rte", tasks, "--limit", "3")  # cb again, with other settings
+    assert set(second["results"]) == {"boolq", "cb", "rte"}
+    assert second["results"]["boolq"] == first["results"]["boolq"]  # kept
+    assert second["results"]["cb"]["n"] == 3 and first["results"]["cb"]["n"] == 4  # replaced by the new run
+    assert second["task_config"]["boolq"]["eval_config"]["limit"] == 4  # each task its own configuration
+    assert second["task_config"]["cb"]["eval_config"]["limit"] == 3
     # Another model's results are never replaced silently.
     other = json.loads(out.read_text())
     other["step"] = 999
     out.write_text(json.dumps(other))
     with pytest.raises(SystemExit, match=r"holds the results of another model .*step 999.*--overwrite"):
-        evaluate(ckpt, out, "copa", tasks)
+        evaluate(ckpt, out, "boolq", tasks)
     assert json.loads(out.read_text())["step"] == 999
-    replaced = evaluate(ckpt, out, "copa", tasks, "--overwrite")
-    assert set(replaced["results"]) == {"copa"} and replaced["step"] == 4
+    replaced = evaluate(ckpt, out, "boolq", tasks, "--overwrite")
+    assert set(replaced["results"]) == {"boolq"} and replaced["step"] == 4
 
 
 def test_an_export_never_replaces_its_run_folder_or_a_folder_that_is_not_an_export(finished_run, tmp_path):
