@@ -234,12 +234,12 @@ ALIASES = {
     "output_dir": "out_dir", "wandb_run_name": "run_name", "wandb_log": "wandb_mode ('online', 'offline')",
     "init_from": "resume (True or 'auto')", "always_save_checkpoint": "checkpoint_interval",
     "dataset": "data_dir (a folder prepared by python -m data.prepare)", "lr_scheduler_type": "lr_schedule",
-    "decay_lr": "lr_schedule", "num_train_epochs": "max_tokens", "gradient_checkpointing": None,
+    "decay_lr": "lr_schedule", "num_train_epochs": "max_tokens",
 }
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
-    if ALIASES.get(key):
+    if key in ALIASES:
         hint = f"; here it is {ALIASES[key]}"
     elif close := difflib.get_close_matches(key, _FIELDS, n=1):
         hint = f"; did you mean '{close[0]}'?"

@@ -65,7 +65,7 @@ def resolve_config(config: TrainConfig) -> RunConfig:
         chosen["betas"] = (unset[0] if config.beta1 is None else config.beta1,
                            unset[1] if config.beta2 is None else config.beta2)
     settings = optim.hyperparameter_settings(config.optimizer, chosen)
-    values = {key: value for key, (value, _) in settings.items()}
+    values = RunConfig(config, settings).optimizer_kwargs
     betas = values.pop("betas", (None, None))
     resolved = dataclasses.replace(config, lr=values.pop("lr"), weight_decay=values.pop("weight_decay", None),
                                    eps=values.pop("eps", None), beta1=betas[0], beta2=betas[1],
