@@ -46,6 +46,22 @@ def require_backend(name: str) -> str:
     return name
 
 
+MAX_WORKERS = 4  # more would mostly wait on each other's torchrun launches
+
+
+def pytest_xdist_auto_num_workers(config):
+    """pytest.ini's ``-n auto``: one worker per core, at most MAX_WORKERS."""
+    return min(MAX_WORKERS, os.cpu_count() or 1)
+
+
+def pytest_configure(config):
+    """A worker of ``-n N`` computes on its share of the cores: N workers each on all of them
+    would oversubscribe the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items):
     """Triton's CPU interpreter takes about 0.3 s a case: where a test module names the cases of its
