@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -60,7 +61,15 @@ def _restart_store(world_size: int) -> dist.Store | None:
 
 
 def teardown(ctx: Distributed):
+    """Leave the process group.
+
+    A gloo worker thread frees each finished collective's tensors itself, holding its work-queue
+    lock and taking the GIL; the process group's destructor (run when the DDP model releases it,
+    with the GIL held) takes that lock: were a worker still freeing a work then, each would wait
+    for the other forever (seen at exit after ZeRO-1's broadcasts). Sleeping first releases the
+    GIL for the workers to finish freeing what the last collectives left."""
     if ctx.enabled:
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 
@@ -69,6 +78,12 @@ def all_reduce_mean(tensor: torch.Tensor, ctx: Distributed) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.AVG if tensor.is_cuda else dist.ReduceOp.SUM)
         if not tensor.is_cuda:  # gloo has no AVG
             tensor /= ctx.world_size
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor, ctx: Distributed) -> torch.Tensor:
+    if ctx.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 
