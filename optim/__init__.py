@@ -22,12 +22,13 @@ from .base import Optimizer
 from .lamb import LAMB
 from .lion import Lion
 from .merit import MERIT
+from .muon import Muon
 from .param_groups import param_groups
 from .protocol import GradientFn, LossFn, TrainingHooks
 from .sophia import SophiaG
 from .zero import ZeroRedundancy
 
-__all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
+__all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Muon", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
            "ZeroRedundancy", "available", "build", "check_options", "hyperparameter_settings", "param_groups",
            "register"]
 
@@ -36,6 +37,7 @@ _REGISTRY: dict[str, Callable] = {
     "lamb": LAMB,
     "lion": Lion,
     "merit": MERIT,
+    "muon": Muon,
     "sophiag": SophiaG,
 }
 _COMMON = ("lr", "weight_decay", "betas", "eps", "backend")
@@ -64,7 +66,7 @@ def hyperparameter_settings(name: str, chosen: dict) -> dict[str, tuple[object, 
     params, backend and the context the training loop supplies."""
     key = name.lower()
     check_options(key, {})
-    gpt2 = published.GPT2.get(key, {})
+    gpt2 = published.gpt2_settings(key, chosen)
     settings = {}
     for option, parameter in inspect.signature(_REGISTRY[key]).parameters.items():
         if (parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
@@ -88,7 +90,7 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     """Create optimizer ``name`` (case-insensitive).
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
-    matrices only); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
+    matrices only; the hidden matrices apart for a factory whose ``HIDDEN_MATRICES_APART`` is True); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
     dicts), passed through unchanged with ``weight_decay`` as the default for every group.
     ``betas``/``eps`` None keep the optimizer's own defaults. ``backend``: who runs the fused
     operations, one of ``BACKENDS`` (optim/backends/). ``options`` are optimizer-specific.
@@ -101,7 +103,9 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     check_options(key, options)
     factory = _REGISTRY[key]
     if isinstance(model_or_named_params, nn.Module):
-        params = param_groups(model_or_named_params, weight_decay, decay_embeddings)
+        # (A matrix optimizer such as Muon takes the hidden matrices in a group of their own.)
+        params = param_groups(model_or_named_params, weight_decay, decay_embeddings,
+                              hidden_matrices_apart=getattr(factory, "HIDDEN_MATRICES_APART", False))
     elif decay_embeddings:
         raise ValueError("decay_embeddings=True needs an nn.Module to find the embeddings")
     else:

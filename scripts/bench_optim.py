@@ -3,7 +3,8 @@
     python -m scripts.bench_optim [--device cpu] [--dtype float32] [--steps 10] [--warmup 2] [--backend auto]
 
 Times ``optimizer.step()`` alone (fresh gradients are copied in before each step, untimed) for
-every name in ``optim.available()`` on ``--backend`` (optim/backends/) and for a naive MERIT
+every name in ``optim.available()`` on ``--backend`` (optim/backends/; Muon with its Newton-Schulz
+share: the iterations on every hidden matrix, q, k and v apart, timed alone) and for a naive MERIT
 written straight from docs/optimizers.md the way the authors' code is (a per-tensor loop that materialises every temporary). Each optimizer's
 steps alternate with those of a ``torch.optim.AdamW(fused=True)`` on its own copy of the
 parameters, so that the ratio compares steps taken under the same conditions (a shared machine's
@@ -17,6 +18,7 @@ import time
 import torch
 
 import optim
+from optim.muon import default_ns_dtype, matrix_rows, newton_schulz
 
 try:
     from tqdm import tqdm
@@ -25,8 +27,12 @@ except ImportError:  # progress bars are optional
         return iterable
 
 # GPT-2 Small (124M, nanoGPT without biases): wte (tied with the LM head), wpe, 12 blocks, ln_f.
-BLOCK = [(2304, 768), (768, 768), (3072, 768), (768, 3072), (768,), (768,)]
-SHAPES = [(50304, 768), (1024, 768)] + BLOCK * 12 + [(768,)]
+BLOCK = {"attn.c_attn.weight": (2304, 768), "attn.c_proj.weight": (768, 768), "mlp.c_fc.weight": (3072, 768),
+         "mlp.c_proj.weight": (768, 3072), "ln_1.weight": (768,), "ln_2.weight": (768,)}
+NAMED_SHAPES = {"transformer.wte.weight": (50304, 768), "transformer.wpe.weight": (1024, 768),
+                **{f"transformer.h.{i}.{name}": shape for i in range(12) for name, shape in BLOCK.items()},
+                "transformer.ln_f.weight": (768,)}
+SHAPES = list(NAMED_SHAPES.values())
 
 
 class NaiveMERIT(torch.optim.Optimizer):
@@ -65,28 +71,59 @@ def make_optimizer(name: str, groups: list[dict], backend: str) -> torch.optim.O
         return torch.optim.AdamW(groups, lr=1e-4, fused=True)
     if name == "naive merit":
         return NaiveMERIT(groups, lr=1e-4)
+    name, _, ns_dtype = name.partition(" ns ")  # e.g. "muon ns float32": Muon's other iteration dtype
     return optim.build(name, groups, lr=1e-4, weight_decay=0.1, batch_tokens=480 * 1024,
-                       backend="auto" if name == "adamw" else backend)
+                       backend="auto" if name == "adamw" else backend, **({"ns_dtype": ns_dtype} if ns_dtype else {}))
 
 
 def make_params(device: torch.device, dtype: torch.dtype) -> tuple[list[torch.nn.Parameter], list[dict]]:
-    """GPT-2 Small's parameters (the same values on every call) and nanoGPT's decay groups."""
+    """GPT-2 Small's parameters (the same values on every call) and the shared builder's groups
+    (optim/param_groups.py, hidden matrices apart): the decayed hidden matrices, marked for Muon
+    (which leaves the embeddings to its AdamW part), and the rest undecayed; the others decay the
+    embeddings too, as nanoGPT does."""
     gen = torch.Generator(device).manual_seed(0)
-    params = [torch.nn.Parameter(0.02 * torch.randn(s, generator=gen, device=device, dtype=dtype)) for s in SHAPES]
-    return params, [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
-                    {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    params = {name: torch.nn.Parameter(0.02 * torch.randn(s, generator=gen, device=device, dtype=dtype))
+              for name, s in NAMED_SHAPES.items()}
+    hidden = [name for name in params if name.startswith("transformer.h.") and params[name].ndim == 2]
+    rest = [name for name in params if name not in hidden]
+    groups = [{"params": [params[n] for n in hidden], "names": hidden, "weight_decay": 0.1, "hidden_matrix": True},
+              {"params": [params[n] for n in rest], "names": rest, "weight_decay": 0.0, "hidden_matrix": False}]
+    return list(params.values()), groups
+
+
+def newton_schulz_of(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]):
+    """What Muon's step spends in Newton-Schulz: the iterations alone on its hidden matrices' parts."""
+    group = optimizer.param_groups[0]
+    by_name = dict(zip(NAMED_SHAPES, grads))
+
+    def run():
+        for name in group["names"]:
+            update = by_name[name]
+            for rows in matrix_rows(name, update.shape[0]):
+                newton_schulz(update[rows], group["ns_coefficients"], group["ns_steps"], group["ns_eps"],
+                              optimizer.ns_dtype(group, update.device))
+    return run
 
 
 def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmup: int,
-          backend: str = "auto") -> tuple[float, float, float]:
-    """(median ms of ``name``, median ms of the interleaved fused AdamW, median per-step ratio)."""
+          backend: str = "auto") -> tuple[float, float, float, float | None]:
+    """(median ms of ``name``, median ms of the interleaved fused AdamW, median per-step ratio,
+    Muon's median ms in Newton-Schulz or None)."""
     gen = torch.Generator(device).manual_seed(1)
     grads = [torch.randn(s, generator=gen, device=device, dtype=dtype) for s in SHAPES]
     runs = []
     for run_name in ("adamw (fused)", name):
         params, groups = make_params(device, dtype)
         runs.append((params, make_optimizer(run_name, groups, backend), []))
+    extra = ([(None, newton_schulz_of(runs[1][1], grads), [])] if name.startswith("muon") else [])
     for i in tqdm(range(warmup + steps), desc=name, leave=False):
+        for _, step, times in extra:
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
         for params, opt, times in runs:
             for p, g in zip(params, grads):  # MERIT and LAMB consume the gradient
                 if p.grad is None:
@@ -101,7 +138,8 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmu
                 times.append(time.perf_counter() - start)
     (_, _, base), (_, _, ours) = runs
     ratio = statistics.median(t / b for t, b in zip(ours, base))
-    return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio
+    newton_schulz_ms = 1e3 * statistics.median(extra[0][2]) if extra else None
+    return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio, newton_schulz_ms
 
 
 def sync(device: torch.device) -> None:
@@ -118,15 +156,19 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", choices=optim.BACKENDS, help="who runs the fused operations")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    names = [*optim.available(), "naive merit"]
+    # Muon's Newton-Schulz in the dtype "auto" does not pick too, to see the choice's numbers.
+    other = "float32" if default_ns_dtype(device) == torch.bfloat16 else "bfloat16"
+    names = [*optim.available(), f"muon ns {other}", "naive merit"]
     n_params = sum(torch.Size(s).numel() for s in SHAPES)
     print(f"GPT-2 Small shapes: {len(SHAPES)} tensors, {n_params / 1e6:.1f}M parameters, {args.dtype} on "
           f"{device} ({torch.get_num_threads()} threads), optim_backend {args.backend!r}; median of "
           f"{args.steps} steps after {args.warmup}")
-    print(f"{'optimizer':<16}{'ms/step':>10}{'fused AdamW ms':>16}{'ratio':>8}")
+    print(f"{'optimizer':<20}{'ms/step':>10}{'fused AdamW ms':>16}{'ratio':>8}")
     for name in names:
-        ms, base, ratio = bench(name, device, dtype, args.steps, args.warmup, args.backend)
-        print(f"{name:<16}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}", flush=True)
+        ms, base, ratio, newton_schulz_ms = bench(name, device, dtype, args.steps, args.warmup, args.backend)
+        share = (f"   Newton-Schulz {newton_schulz_ms:.1f} ms ({newton_schulz_ms / ms:.0%} of the step)"
+                 if newton_schulz_ms is not None else "")
+        print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{share}", flush=True)
 
 
 if __name__ == "__main__":

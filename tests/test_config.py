@@ -110,6 +110,9 @@ PUBLISHED_GPT2 = {
     "lamb": {"betas": (0.9, 0.95), "weight_decay": 0.01, "eps": 1e-6},
     "lion": {"betas": (0.9, 0.99), "weight_decay": 1.0},
     "sophiag": {"betas": (0.965, 0.99), "weight_decay": 0.2, "rho": 0.05},
+    # Moonlight's recipe: Muon's update at AdamW's RMS, so both parts share AdamW's lr and decay.
+    "muon": {"adjust_lr": "match_rms_adamw", "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8,
+             "momentum": 0.95, "nesterov": True, "ns_steps": 5},
 }
 
 
@@ -124,6 +127,19 @@ def test_an_unset_hyperparameter_is_the_optimizers_published_one(name):
     assert (resolved.beta1, resolved.beta2) == PUBLISHED_GPT2[name]["betas"]
     assert resolved.weight_decay == PUBLISHED_GPT2[name]["weight_decay"]
     assert resolve_config(resolved).config == resolved  # idempotent: a recorded config resolves to itself
+
+
+def test_muon_s_original_lr_rule_resolves_to_keller_jordan_s_recipe():
+    """adjust_lr="original" picks the other published recipe (KellerJordan/Muon's MuonWithAuxAdam):
+    weight decay 0.01, the AdamW part at lr 3e-4 with eps 1e-10; what it does not name stays."""
+    run = resolve_config(load_config("configs/gpt2_small_owt.py", ["--optimizer=muon", "--lr=0.02",
+                                                                   "--optimizer_options={'adjust_lr': 'original'}"]))
+    settings = run.optimizer_settings
+    assert settings["adjust_lr"] == ("original", "set")
+    assert settings["weight_decay"] == (0.01, "published") and settings["adamw_lr"] == (3e-4, "published")
+    assert settings["eps"] == (1e-10, "published") and settings["betas"] == ((0.9, 0.95), "published")
+    assert settings["momentum"] == (0.95, "published") and settings["ns_dtype"] == ("auto", "default")
+    assert resolve_config(run.config).config == run.config
 
 
 def test_a_set_hyperparameter_wins_and_is_recorded(tmp_path):

@@ -12,7 +12,8 @@ import optim
 from conftest import no_host_reads
 
 # Each optimizer with what exercises its operations: MERIT's row/column path and its tensor path,
-# LAMB with its step-counting bias correction, Lion, Sophia-G (with a Hessian estimate).
+# LAMB with its step-counting bias correction, Lion, Sophia-G (with a Hessian estimate), Muon (its
+# matrices orthogonalised, its AdamW part on the vector).
 CASES = {
     "merit": {"weight_decay": 0.1},
     "maxlamb": {"weight_decay": 0.1, "maxlamb": True},
@@ -20,6 +21,7 @@ CASES = {
     "lion": {"weight_decay": 0.1},
     "sophiag": {"weight_decay": 0.1, "batch_tokens": 64},
     "adamw": {"weight_decay": 0.1},
+    "muon": {"weight_decay": 0.1},
 }
 
 
@@ -31,8 +33,11 @@ def _params(seed: int = 0) -> list[torch.nn.Parameter]:
 def _optimizer(case: str, params, backend: str):
     options = dict(CASES[case])
     name = {"lamb_bias_correction": "lamb", "maxlamb": "merit"}.get(case, case)
-    if name == "adamw":
-        backend = "auto"  # torch's own fused kernels
+    if name in ("adamw", "muon"):
+        backend = "auto"  # torch's own kernels
+    if name == "muon":  # (which tensors are Muon's hidden matrices, as the shared builder marks them)
+        params = [{"params": [p for p in params if p.ndim == 2], "hidden_matrix": True},
+                  {"params": [p for p in params if p.ndim != 2], "hidden_matrix": False}]
     return optim.build(name, params, lr=0.01, backend=backend, **options)
 
 
@@ -60,8 +65,8 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(case, backend):
-    if case == "adamw" and backend != "torch":
-        pytest.skip("AdamW runs torch's fused kernels whatever the backend")
+    if case in ("adamw", "muon") and backend != "torch":
+        pytest.skip(f"{case} runs torch's kernels whatever the backend")
     params, twin = _params(), _params()
     opt, plain = _optimizer(case, params, backend), _optimizer(case, twin, backend)
     if case == "sophiag":

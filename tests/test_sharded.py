@@ -31,7 +31,8 @@ SHAPES = dict(n_layer=2, n_head=2, n_embd=6, block_size=8, vocab_size=61, dropou
 CONFIGS = [("adamw", {}), ("lamb", {}), ("lamb", {"bias_correction": True, "ratio_only_with_decay": True}),
            ("merit", {}), ("merit", {"norm": "l2"}), ("merit", {"weightwise_lower_bound": False}),
            ("merit", {"elementwise_clip": False}), ("merit", {"maxlamb": True}), ("lion", {}),
-           ("sophiag", {"hessian_interval": 3})]
+           ("sophiag", {"hessian_interval": 3}), ("muon", {}),
+           ("muon", {"adjust_lr": "original", "ns_dtype": "float32", "nesterov": False})]
 
 
 def torchrun(nproc: int, *args: str) -> list[dict]:
@@ -49,13 +50,19 @@ def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
     assert [[line["optimizer"], line["options"]] for line in lines] == [list(c) for c in CONFIGS]
     for line in lines:
         label = (line["optimizer"], line["options"])
-        assert line["max_rel"] <= 1e-6, label
+        # Muon with a float32 Newton-Schulz under FSDP2: torch's fused AdamW kernel of its AdamW part
+        # rounds an embedding element differently at a shard boundary (1e-9 after 3 steps, as
+        # AdamW's own above), and a float32 orthogonalisation carries that on more than a bfloat16
+        # one, which rounds it away (measured: 2e-6 and 3e-6 on 2 and 4 ranks; bfloat16: 0 and 5e-8).
+        float32_muon = line["optimizer"] == "muon" and line["options"].get("ns_dtype") == "float32"
+        assert line["max_rel"] <= (1e-5 if float32_muon and mode == "fsdp" else 1e-6), label
         assert line["diagnostic_keys_equal"] and line["diagnostics_max_rel"] <= 1e-5, label
         assert line["diagnostics"] > 0 or line["optimizer"] in ("adamw", "lion"), label  # (they record none)
-        # The optimizer state per rank: exactly its share of the elements, the shares adding up to
-        # the whole (nothing replicated but the 0-d step counters), each near 1/world.
-        per_element, shares = line["replicated_state"] / line["numel"], line["shares"]
-        assert line["state"] == [pytest.approx(per_element * share * line["numel"]) for share in shares], label
+        # The optimizer state per rank: exactly the state one process keeps of the elements it holds
+        # (nothing replicated but the 0-d step counters), the shares adding up to the whole.
+        shares = line["shares"]
+        assert line["state"] == line["expected_state"], label
+        assert sum(line["state"]) == line["replicated_state"], label
         assert sum(shares) == pytest.approx(1.0) and max(shares) <= line["max_share"], label
     # ZeRO's greedy partition gives each parameter to the least-loaded rank, which holds at most the
     # mean: no rank exceeds 1/world by more than the largest parameter (the embedding here).
@@ -139,6 +146,7 @@ def max_rel(a: dict, b: dict) -> float:
 
 
 def exact(ctx, mode):
+    from optim.sharding import local
     from training.memory import optimizer_state_bytes, tensor_bytes
     for name, options in CONFIGS:
         model, optimizer, weight = build(name, options, ctx, mode)
@@ -156,8 +164,19 @@ def exact(ctx, mode):
             owned = torch.tensor(owned)
             torch.distributed.all_reduce(owned)
             owned = owned.tolist()
-        states = [torch.zeros_like(state) for _ in range(ctx.world_size)]
+        # What one process keeps per element of each parameter (Muon: 1 for a matrix, 2 for the rest).
+        per_element = {name: sum(t.numel() * t.element_size() for t in reference_opt.state[p].values() if t.ndim)
+                       / p.numel() for name, p in reference.named_parameters()}
+        if mode == "zero1":
+            names = {id(p): name for name, p in model.named_parameters()}
+            held = {names[id(p)]: p.numel() for group in optimizer._partition_parameters()[ctx.rank]
+                    for p in group["params"]}
+        else:
+            held = {name: local(p).numel() for name, p in model.named_parameters()}
+        expected_state = torch.tensor([round(sum(per_element[name] * n for name, n in held.items()))])
+        states, expected_states = ([torch.zeros_like(state) for _ in range(ctx.world_size)] for _ in range(2))
         torch.distributed.all_gather(states, state)
+        torch.distributed.all_gather(expected_states, expected_state)
         numel = sum(p.numel() for p in reference.parameters())
         result = full(model)
         if ctx.is_main:
@@ -166,7 +185,8 @@ def exact(ctx, mode):
                 "diagnostic_keys_equal": sorted(diagnostics) == sorted(expected), "diagnostics": len(expected),
                 "diagnostics_max_rel": max((abs(diagnostics[k] - v) / max(abs(v), 1e-30) for k, v in expected.items()),
                                            default=0.0),
-                "state": [s.item() for s in states], "replicated_state": optimizer_state_bytes(reference_opt)
+                "state": [s.item() for s in states], "expected_state": [s.item() for s in expected_states],
+                "replicated_state": optimizer_state_bytes(reference_opt)
                 - counters(reference_opt), "numel": numel, "shares": [n / numel for n in owned],
                 "max_share": max(owned) / numel,
                 "largest_share": max(p.numel() for p in reference.parameters()) / numel,
