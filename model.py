@@ -66,6 +66,32 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+LOGIT_CHUNK = 256  # queries per chunk of a training forward's logit maximum (QK-Clip)
+
+
+def logit_dtype(q):
+    """The dtype attention logits are measured in: float32 (float64 for a float64 model), even
+    under autocast, which would otherwise run the matmul in bf16/fp16."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def causal_logit_chunks(q, k, scale, chunk_size):
+    """The causal pre-softmax logits q.k * scale of q, k (B, H, T, head_dim), chunk_size queries at
+    a time, each against only the keys it may see, so the extra memory is O(B * H * chunk_size * T)
+    instead of the full T x T matrix: yields (logits (B, H, chunk, keys) in logit_dtype with -inf at
+    future keys, that future mask)."""
+    T = q.size(2)
+    dtype = logit_dtype(q)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k = q.to(dtype), k.to(dtype)
+        for start in range(0, T, chunk_size):
+            end = min(start + chunk_size, T)
+            logits = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * scale
+            query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
+            future = torch.arange(end, device=q.device).unsqueeze(0) > query_pos
+            yield logits.masked_fill(future, float("-inf")), future
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -87,6 +113,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm, self.k_norm = nn.RMSNorm(head_dim), nn.RMSNorm(head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.logit_max = None  # QK-Clip's per-head maximum while it measures (see forward)
 
     def qkv(self, x):
         """(B, T, C) -> q, k, v, each (B, n_head, T, head_dim)."""
@@ -97,9 +124,17 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, attn_mask=None):
         """attn_mask: None for causal attention, else a bool mask broadcasting to (B, n_head, T, T),
-        True where a query may attend to a key (packed sequences, see GPT.hidden_states)."""
+        True where a query may attend to a key (packed sequences, see GPT.hidden_states).
+
+        While ``logit_max`` is a tensor (n_head,) (QK-Clip's measurement, training/qk_clip.py), a
+        causal forward raises it to each head's largest pre-softmax logit q.k * scale seen,
+        computed from this forward's q and k in chunks of queries, none of them kept."""
         B, T, C = x.shape
         q, k, v = self.qkv(x)
+        if self.logit_max is not None and attn_mask is None:
+            with torch.no_grad():
+                for logits, _ in causal_logit_chunks(q.detach(), k.detach(), self.scale, LOGIT_CHUNK):
+                    self.logit_max = torch.maximum(self.logit_max, logits.amax(dim=(0, 2, 3)))
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale
@@ -110,28 +145,16 @@ class CausalSelfAttention(nn.Module):
     def attention_stats(self, x, chunk_size):
         """Per head, for the (normalised) input x: the largest causal pre-softmax logit q.k * scale
         and the attention entropy -sum_k p log p averaged over batch and queries; (n_head,) each, in
-        float32 or x's dtype if wider.
-
-        Queries are taken chunk_size at a time, each against only the keys it may see, so the
-        extra memory is O(B * H * chunk_size * T) instead of the full T x T logit matrix.
+        float32 or x's dtype if wider, from the logits of chunk_size queries at a time.
         """
         q, k, _ = self.qkv(x)
         B, H, T, _ = q.shape
-        # float32 logits even under autocast, which would otherwise run the matmul in bf16/fp16
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        best = torch.full((H,), float("-inf"), dtype=dtype, device=x.device)
-        entropy = torch.zeros(H, dtype=dtype, device=x.device)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            q, k = q.to(dtype), k.to(dtype)
-            for start in range(0, T, chunk_size):
-                end = min(start + chunk_size, T)
-                logits = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * self.scale
-                query_pos = torch.arange(start, end, device=x.device).unsqueeze(1)
-                future = torch.arange(end, device=x.device).unsqueeze(0) > query_pos
-                logits = logits.masked_fill(future, float("-inf"))
-                best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))
-                log_p = logits.log_softmax(dim=-1).masked_fill(future, 0.0)  # p log p = 0 where p = 0
-                entropy -= (log_p.exp() * log_p).sum(dim=(0, 2, 3))
+        best = torch.full((H,), float("-inf"), dtype=logit_dtype(q), device=x.device)
+        entropy = torch.zeros(H, dtype=best.dtype, device=x.device)
+        for logits, future in causal_logit_chunks(q, k, self.scale, chunk_size):
+            best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))
+            log_p = logits.log_softmax(dim=-1).masked_fill(future, 0.0)  # p log p = 0 where p = 0
+            entropy -= (log_p.exp() * log_p).sum(dim=(0, 2, 3))
         return best, entropy / (B * T)
 
 

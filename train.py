@@ -36,6 +36,7 @@ from training.metrics import MetricsLogger, peak_bf16_flops
 from training.noise_scale import GradientNoiseScale, gpt_groups
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
+from training.qk_clip import QKClip
 from training.run_config import RunConfig, resolve_config
 from training.schedule import learning_rate
 from training.state import LossWindow, RankRNG, RunState
@@ -104,6 +105,8 @@ class Trainer:
             raise ValueError(f"optimizer={config.optimizer!r} refuses its settings ({settings}): {error}; betas are "
                              f"set by beta1 and beta2, lr, weight_decay and eps by their keys, the others in "
                              f"optimizer_options") from error
+        # QK-Clip (training/qk_clip.py): off unless qk_clip_tau is set.
+        self.qk_clip = QKClip(self.model, config.qk_clip_tau, self.ctx) if config.qk_clip_tau is not None else None
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # The instruments measured at log steps besides the probe (training/instruments.py, noise_scale.py).
         self.update_statistics = UpdateStatistics(self.model)
@@ -196,9 +199,11 @@ class Trainer:
             self.loss_window.add(loss, finite)
             self.state.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
             interval_steps += 1
-            # After the step, before anything reads the weights (where weight interventions belong
-            # too): an optimizer's extra pass, a forward and backward of its own (Sophia-G's Hessian
-            # estimate, every 10 steps).
+            # After the step, before anything reads the weights: weight interventions (QK-Clip caps
+            # each head's attention logit on this step's batch), then an optimizer's extra pass, a
+            # forward and backward of its own (Sophia-G's Hessian estimate, every 10 steps).
+            if self.qk_clip:
+                self.qk_clip.apply(finite, record=log_step)
             if self.optimizer.extra_pass_due(self.step):
                 self.optimizer.extra_pass(self.gradients, config.seed)
             progress.update()
@@ -243,8 +248,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         z_loss = self.config.z_loss
-        total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
-                                           measure=log_step and self.noise_scale is not None)
+        with self.qk_clip.measuring() if self.qk_clip else nullcontext():  # (the logits QK-Clip caps)
+            total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
+                                               measure=log_step and self.noise_scale is not None)
         # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
         self.grad_norm = self.layout.full_tensor(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
@@ -335,6 +341,7 @@ class Trainer:
         noise_scale = self.noise_scale.estimate(self.ctx) if self.noise_scale else {}
         diagnostics = self.optimizer.pop_diagnostics()  # (ZeRO-1: gathered from the ranks that own the state)
         update_statistics = self.update_statistics.pop()
+        qk_clip = self.qk_clip.pop() if self.qk_clip else {}
         probe_model = self.layout.plain_model(self.model)  # (FSDP2: gathered, a collective)
         memory_report = self.memory_report()
         if not self.ctx.is_main:
@@ -346,6 +353,7 @@ class Trainer:
             record["skipped_steps"] = self.nonfinite.skipped
         record.update(diagnostics)
         record.update(update_statistics)
+        record.update(qk_clip)
         record.update(noise_scale)
         record.update(memory_report)
         if self.peak_flops:
@@ -420,6 +428,9 @@ class Trainer:
         print(f"optimizer {c.optimizer} hyper-parameters: " + ", ".join(
             f"{key} {value} ({source})" for key, (value, source) in self.optimizer_settings.items()))
         print(f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{self.optimizer.describe()}")
+        if c.qk_clip_tau is not None:
+            print(f"QK-Clip: after every step, each head's largest attention logit on the step's batch capped at "
+                  f"{c.qk_clip_tau:g}")
 
     # --- checkpoints ---
     def save_checkpoint(self):

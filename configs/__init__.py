@@ -87,6 +87,9 @@ class TrainConfig:
     max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
     decay_embeddings: bool = False
     z_loss: float = 0.0  # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
+    # QK-Clip (Kimi K2): after every step, a head whose largest attention logit on the step's batch
+    # exceeded this has its W_q and W_k rows scaled so it would have been this (Kimi K2: 100); None: off
+    qk_clip_tau: float | None = None
     optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
     optim_backend: str = "auto"  # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
 
@@ -158,6 +161,13 @@ class TrainConfig:
                     "permanent_checkpoint_interval"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
         _check(self.z_loss >= 0, f"z_loss={self.z_loss} must be >= 0 (0 turns it off; PaLM used 1e-4)")
+        _check(self.qk_clip_tau is None or self.qk_clip_tau > 0,
+               f"qk_clip_tau={self.qk_clip_tau} must be > 0 (the largest attention logit kept; Kimi K2 used 100) "
+               f"or None (off)")
+        _check(self.qk_clip_tau is None or self.qk_norm is None,
+               f"qk_clip_tau with qk_norm={self.qk_norm!r}: QK-Norm's gains are one norm over head_dim that all of "
+               f"a layer's heads share, so no head can be clipped alone (and scaling W_q, W_k does nothing under "
+               f"the norm); QK-Norm already bounds the logits through those gains: use one of the two")
         _check(0.0 <= self.noise_scale_ema < 1.0, f"noise_scale_ema={self.noise_scale_ema} must lie in [0, 1)")
         _check(self.weight_decay is None or self.weight_decay >= 0,
                f"weight_decay={self.weight_decay} must be >= 0 (or unset: the optimizer's published value)")

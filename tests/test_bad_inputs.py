@@ -57,6 +57,14 @@ CASES = {
                                        r"use fsdp=True"),
     "fsdp and zero-1": (["--fsdp", "--zero_stage=1"], r"fsdp=True already shards the optimizer state .*set "
                                                       r"zero_stage=0 with it"),
+    "qk_clip_tau zero": (["--qk_clip_tau=0"], r"qk_clip_tau=0.0 must be > 0 .*Kimi K2 used 100.* or None \(off\)"),
+    "qk_clip with qk_norm": (["--qk_clip_tau=100", "--qk_norm=layernorm"], r"qk_clip_tau with qk_norm='layernorm': "
+                             r".*no head can be clipped alone.*use one of the two"),
+    "muon's lr rule": (["--optimizer=muon", "--optimizer_options={'adjust_lr': 'spectral'}"],
+                       r"optimizer='muon' refuses its settings .*Invalid adjust_lr: 'spectral' \(must be one of "
+                       r"'original', 'match_rms_adamw'\)"),
+    "muon's momentum": (["--optimizer=muon", "--optimizer_options={'momentum': 1.0}"],
+                        r"Invalid momentum: 1.0 \(must be in \[0, 1\)\).*the others in optimizer_options"),
     "fsdp in float16": (["--fsdp", "--dtype=float16"], r"fsdp=True with dtype='float16'.*use dtype='bfloat16'"),
     "tokenizer of the data": (["--tokenizer=gpt2"], r"prepared with the 'byte' tokenizer \(manifest.json\), but the "
                                                     r"config says tokenizer='gpt2': set tokenizer='byte'"),

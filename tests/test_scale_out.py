@@ -1,5 +1,6 @@
 """train.py on the scale-out strategies (training/parallel.py), with real gloo processes: ZeRO-1
-and FSDP2 train exactly as DDP on the same global batches (parameters, losses, every instrument),
+and FSDP2 train exactly as DDP on the same global batches (parameters, losses, every instrument,
+QK-Clip's caps),
 their checkpoints resume elsewhere (FSDP2's DCP folder on one process, ZeRO-1's consolidated file
 with zero_stage=0), each rank's memory is in the metrics, and the combinations that cannot work
 are refused with their fix. (The optimizers themselves under ZeRO-1 and FSDP2, and DCP checkpoints
@@ -18,7 +19,7 @@ from training.checkpoint import CHECKPOINT_NAME, load_model
 TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
         "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
         "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4", "--batch_size=8", "--micro_batch_size=2",
-        "--checkpoint_interval=2", "--sample_tokens=8"]
+        "--checkpoint_interval=2", "--sample_tokens=8", "--qk_clip_tau=0.05"]  # (QK-Clip clips some heads)
 STRATEGIES = {"ddp": [], "zero1": ["--zero_stage=1"], "fsdp": ["--fsdp"]}
 
 pytestmark = pytest.mark.slow  # torchrun with 2 gloo ranks, in the fixture and the tests
@@ -67,6 +68,7 @@ def test_zero1_and_fsdp_train_exactly_as_ddp(runs):
         assert any(k[1].startswith("trust_ratio_max/") for k in compared)
         assert any(k[1].startswith("update_ratio/") for k in compared)
         assert any(k[1].startswith("zero_shot/boolq/") for k in compared)
+        assert any(k[1].startswith("qk_clip/heads_clipped/") and expected[k] > 0 for k in compared)
         assert compared <= got.keys(), sorted(compared - got.keys())[:5]
         for key in compared:
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), (name, key)

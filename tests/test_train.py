@@ -36,13 +36,17 @@ def load_params(run_dir):
     return Checkpoint.load(run_dir / CHECKPOINT_NAME).model
 
 
-# The optimizers whose math reaches across tensors or batches (trust ratios, the Hessian pass); AdamW
-# and Lion take the same loop path element by element.
+# The optimizers whose math reaches across tensors or batches (trust ratios, the Hessian pass, Muon's
+# orthogonalisation, with QK-Clip's maximum over the micro-batches and ranks); AdamW and Lion take
+# the same loop path element by element.
+EXTRA = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"], "muon": ["--qk_clip_tau=0.02"]}
+
+
 @pytest.mark.slow  # torchrun, 2 gloo ranks
-@pytest.mark.parametrize("optimizer", ["merit", "lamb", "sophiag"])
+@pytest.mark.parametrize("optimizer", ["merit", "lamb", "sophiag", "muon"])
 def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optimizer):
     common = ("--max_steps=5", "--batch_size=4", "--micro_batch_size=2", f"--optimizer={optimizer}",
-              "--optimizer_options={'hessian_interval': 2}" if optimizer == "sophiag" else "--lr=0.01")
+              *EXTRA.get(optimizer, []))
     run_train(*args(byte_shards, tmp_path, "--run_name=ddp", *common), nproc=2)  # accumulation 1
     train_here(*args(byte_shards, tmp_path, "--run_name=single", *common))  # accumulation 2
     ddp, single = load_params(tmp_path / "ddp"), load_params(tmp_path / "single")
@@ -59,10 +63,18 @@ def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optim
     assert ddp_noise.keys() == single_noise.keys() and ddp_noise["noise_scale/batch_tokens"] == 4 * 32
     for key, value in ddp_noise.items():
         assert value == pytest.approx(single_noise[key], rel=1e-3), key
+    if optimizer == "muon":  # QK-Clip clipped on both: the same heads, by the same factors
+        ddp_clip, single_clip = ({k: v for r in read_metrics(tmp_path / run) for k, v in r.items()
+                                  if k.startswith("qk_clip/")} for run in ("ddp", "single"))
+        assert ddp_clip["qk_clip/heads_clipped/layer_00"] > 0 and ddp_clip.keys() == single_clip.keys()
+        for key, value in ddp_clip.items():
+            assert value == pytest.approx(single_clip[key], rel=1e-5), key
 
 
-def test_resume_continues_bitwise(byte_shards, tmp_path):
-    common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3")
+@pytest.mark.parametrize("extra", [(), ("--optimizer=muon", "--qk_clip_tau=0.05")])
+def test_resume_continues_bitwise(byte_shards, tmp_path, extra):
+    common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3",
+              *extra)
     train_here(*args(byte_shards, tmp_path, "--run_name=straight", *common))
     train_here(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=4"))
     assert Checkpoint.load(tmp_path / "split" / "ckpt.pt").step == 4
@@ -70,8 +82,9 @@ def test_resume_continues_bitwise(byte_shards, tmp_path):
 
     straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 9))  # no gap, no duplicate
+    muon = ("qk_clip/min_factor/layer_00", "update_rms/transformer.h.1.mlp.c_fc.weight") if extra else ()
     for key in ("train/loss", "val/loss", "max_logit/layer_01", "attn_entropy/layer_01/head_01", "output/log_z",
-                "update_ratio/layer_01/attn_q", "noise_scale/b_simple"):  # (its EMA is checkpointed)
+                "update_ratio/layer_01/attn_q", "noise_scale/b_simple", *muon):  # (the noise scale's EMA is checkpointed)
         values = [r[key] for r in straight if key in r]
         assert values and [r[key] for r in split if key in r] == values, key
     a, b = Checkpoint.load(tmp_path / "straight" / "ckpt.pt"), Checkpoint.load(tmp_path / "split" / "ckpt.pt")
