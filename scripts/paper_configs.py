@@ -7,7 +7,10 @@ Points: GPT-2 Small / Medium / Large on OpenWebText x AdamW, LAMB, MERIT, Lion, 
 paper's global batches (480, 1k, 2k, 4k, 6k, 8k sequences of 1024 tokens); MERIT's four
 ablations (maxLAMB, l2 norms, no element-wise clip, no weight-wise lower bound) at GPT-2 Small
 batch 1k; the QK-Norm baseline (AdamW, LayerNorm on each head's q and k) for GPT-2 Small at
-every batch. Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
+every batch; Muon and MuonClip (Muon with QK-Clip at tau 100, Kimi K2's) at every size and batch;
+AdamW and MERIT with QK-Clip (tau 100) for GPT-2 Small at every batch: with MERIT, QK-Norm and
+z-loss (``--z_loss=1e-4`` on any point), the cures of runaway attention logits side by side.
+Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
 what differs, so a user opens, edits or copies one point.
 
 What each point sets, and why:
@@ -17,7 +20,9 @@ What each point sets, and why:
   then cosine to min_lr; gradient clipping 1.0 (inherited).
 * lr: each optimizer's published GPT-2 peak lr for the model size (AdamW 6e-4 / 3e-4 / 2e-4, Lion
   1e-4 / 1e-4 / 8e-5, Sophia-G 6e-4 / 7e-4 / 3e-4, MERIT and LAMB 2e-4, the MERIT authors'
-  default), min_lr AdamW's published 3e-5 / 6e-5 / 1e-5 and lr / 10 for the others. These were
+  default; Muon AdamW's, which its published recipe, Moonlight's lr rule "match_rms_adamw", is
+  made to reuse), min_lr AdamW's published 3e-5 / 6e-5 / 1e-5 (Muon's too) and lr / 10 for the
+  others. These were
   published for batch 480; the paper tunes every optimizer's lr per batch by grid search, which a
   study should do too (an lr grid per point).
 * every other optimizer hyper-parameter is left unset: the optimizer's published GPT-2 value
@@ -44,8 +49,10 @@ LR = {  # optimizer: peak lr for small, medium, large
     "merit": (2e-4, 2e-4, 2e-4),
     "lion": (1e-4, 1e-4, 8e-5),
     "sophiag": (6e-4, 7e-4, 3e-4),
+    "muon": (6e-4, 3e-4, 2e-4),
 }
 ADAMW_MIN_LR = (3e-5, 6e-5, 1e-5)
+QK_CLIP_TAU = 100.0  # Kimi K2's
 SOPHIA_RHO = {"medium": 0.08}  # elsewhere the published default, 0.05
 ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
     "maxlamb": {"maxlamb": True},
@@ -66,15 +73,20 @@ def points() -> dict[str, dict]:
             for label, batch in BATCHES.items():
                 point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch, "params": params,
                          "micro": None if batch == 480 else micro, "lr": lrs[i],
-                         "min_lr": ADAMW_MIN_LR[i] if optimizer == "adamw" else lrs[i] / 10, "options": {}}
+                         "min_lr": ADAMW_MIN_LR[i] if optimizer in ("adamw", "muon") else lrs[i] / 10, "options": {}}
                 if optimizer == "sophiag" and size in SOPHIA_RHO:
                     point["options"] = {"rho": SOPHIA_RHO[size]}
                 out[f"gpt2_{size}_{optimizer}_b{label}"] = point
+                if optimizer == "muon":
+                    out[f"gpt2_{size}_muonclip_b{label}"] = {**point, "qk_clip_tau": QK_CLIP_TAU}
     small = out["gpt2_small_merit_b1k"]
     for name, options in ABLATIONS.items():
         out[f"gpt2_small_merit_{name}_b1k"] = {**small, "options": options, "ablation": name}
     for label in BATCHES:
         out[f"gpt2_small_adamw_qknorm_b{label}"] = {**out[f"gpt2_small_adamw_b{label}"], "qk_norm": "layernorm"}
+        for optimizer in ("adamw", "merit"):
+            out[f"gpt2_small_{optimizer}_qkclip_b{label}"] = {**out[f"gpt2_small_{optimizer}_b{label}"],
+                                                              "qk_clip_tau": QK_CLIP_TAU}
     return out
 
 
@@ -85,6 +97,8 @@ def render(stem: str, point: dict) -> str:
         what += f" ablation {point['ablation']}"
     if "qk_norm" in point:
         what += " with QK-Norm"
+    if "qk_clip_tau" in point:
+        what += f" with QK-Clip (tau {point['qk_clip_tau']:g}{': MuonClip' if point['optimizer'] == 'muon' else ''})"
     lines = [f"# The MERIT paper's study: {what}, global batch {point['batch']} x 1024 tokens.",
              "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
              f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
@@ -104,6 +118,8 @@ def render(stem: str, point: dict) -> str:
         lines.append(f"optimizer_options = {point['options']!r}")
     if "qk_norm" in point:
         lines.append(f'qk_norm = "{point["qk_norm"]}"')
+    if "qk_clip_tau" in point:
+        lines.append(f"qk_clip_tau = {point['qk_clip_tau']:g}  # Kimi K2's")
     return "\n".join(lines) + "\n"
 
 

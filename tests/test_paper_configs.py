@@ -15,16 +15,17 @@ from training.run_config import resolve_config
 
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
-NAME = re.compile(r"gpt2_(small|medium|large)_(adamw|lamb|merit|lion|sophiag)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
+NAME = re.compile(r"gpt2_(small|medium|large)_(adamw|lamb|merit|lion|sophiag|muon|muonclip)(?:_(\w+?))?"
+                  r"_b(480|1k|2k|4k|6k|8k)$")
 
 PARAMETERS = {"small": 124e6, "medium": 355e6, "large": 774e6}
 LAYERS = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280)}
 BATCH = {"480": 480, "1k": 1024, "2k": 2048, "4k": 4096, "6k": 6144, "8k": 8192}
 PEAK_LR = {"adamw": (6e-4, 3e-4, 2e-4), "lion": (1e-4, 1e-4, 8e-5), "sophiag": (6e-4, 7e-4, 3e-4),
-           "merit": (2e-4,) * 3, "lamb": (2e-4,) * 3}
+           "merit": (2e-4,) * 3, "lamb": (2e-4,) * 3, "muon": (6e-4, 3e-4, 2e-4)}  # (Muon: AdamW's, Moonlight's rule)
 HYPER = {  # betas, weight decay, eps (None: the optimizer has none)
     "adamw": ((0.9, 0.95), 0.1, 1e-8), "merit": ((0.9, 0.95), 1e-2, 1e-6), "lamb": ((0.9, 0.95), 1e-2, 1e-6),
-    "lion": ((0.9, 0.99), 1.0, None), "sophiag": ((0.965, 0.99), 0.2, 1e-15),
+    "lion": ((0.9, 0.99), 1.0, None), "sophiag": ((0.965, 0.99), 0.2, 1e-15), "muon": ((0.9, 0.95), 0.1, 1e-8),
 }
 ABLATION = {"maxlamb": {"maxlamb": True}, "l2": {"norm": "l2"}, "no_clip": {"elementwise_clip": False},
             "no_lower_bound": {"weightwise_lower_bound": False}}
@@ -34,19 +35,23 @@ def test_the_files_are_what_the_generator_writes():
     result = subprocess.run([sys.executable, "-m", "scripts.paper_configs", "--check"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert len(FILES) == 3 * 5 * 6 + 4 + 6 and f"{len(FILES)} files, as written" in result.stdout
+    # 3 sizes x 6 optimizers (MuonClip one) x 6 batches, MERIT's 4 ablations, AdamW with QK-Norm and
+    # AdamW and MERIT with QK-Clip at GPT-2 Small's 6 batches.
+    assert len(FILES) == 3 * 7 * 6 + 4 + 3 * 6 and f"{len(FILES)} files, as written" in result.stdout
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_every_point_resolves_to_the_published_settings(path):
-    size, optimizer, variant, batch = NAME.fullmatch(path.stem).groups()
+    size, label, variant, batch = NAME.fullmatch(path.stem).groups()
+    optimizer = "muon" if label == "muonclip" else label
     config = load_config(path, [])
     resolved = resolve_config(config).config
     index = list(PARAMETERS).index(size)
     assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH[batch])
     assert config.max_tokens == 20 * PARAMETERS[size] and config.warmup_tokens == 0.02 * config.max_tokens
     assert config.lr == PEAK_LR[optimizer][index]
-    assert config.min_lr == pytest.approx((3e-5, 6e-5, 1e-5)[index] if optimizer == "adamw" else config.lr / 10)
+    assert config.min_lr == pytest.approx((3e-5, 6e-5, 1e-5)[index] if optimizer in ("adamw", "muon")
+                                          else config.lr / 10)
     betas, weight_decay, eps = HYPER[optimizer]
     assert ((resolved.beta1, resolved.beta2), resolved.weight_decay, resolved.eps) == (betas, weight_decay, eps)
     options = resolved.optimizer_options
@@ -56,8 +61,13 @@ def test_every_point_resolves_to_the_published_settings(path):
         expected = {"maxlamb": False, "norm": "max", "elementwise_clip": True, "weightwise_lower_bound": True,
                     **ABLATION.get(variant, {})}
         assert {k: options[k] for k in expected} == expected
-        assert variant is None or (size, batch) == ("small", "1k")
+        assert variant in (None, "qkclip") or (size, batch) == ("small", "1k")
+    if optimizer == "muon":
+        assert options["adjust_lr"] == "match_rms_adamw" and options["momentum"] == 0.95 and options["nesterov"]
     assert config.qk_norm == ("layernorm" if variant == "qknorm" else None)
+    clipped = label == "muonclip" or variant == "qkclip"
+    assert config.qk_clip_tau == (100 if clipped else None)
+    assert variant != "qkclip" or (size, optimizer) in (("small", "adamw"), ("small", "merit"))
     assert config.grad_clip == 1.0 and config.lr_schedule == "cosine" and config.tokenizer == "gpt2"
     total, warmup = config.steps(1024)
     assert total * BATCH[batch] * 1024 <= config.max_tokens < (total + 1) * BATCH[batch] * 1024 and warmup > 0

@@ -1,0 +1,15 @@
+# The MERIT paper's study: GPT-2 Large, muon with QK-Clip (tau 100: MuonClip), global batch 4096 x 1024 tokens.
+# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.
+from configs.gpt2_large_owt import *  # noqa: F401,F403 - the model, data and run defaults
+
+run_name = "gpt2_large_muonclip_b4k"
+optimizer = "muon"
+batch_size = 4096
+micro_batch_size = 4  # x 8 GPUs divides batch_size
+max_steps = 0
+max_tokens = 15_480_000_000  # 20 tokens per parameter
+warmup_steps = 0
+warmup_tokens = 309_600_000  # 2% of the tokens
+lr = 0.0002  # published for batch 480; the paper grid-searches it per batch
+min_lr = 1e-05
+qk_clip_tau = 100  # Kimi K2's

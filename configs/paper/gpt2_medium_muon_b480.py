@@ -1,0 +1,13 @@
+# The MERIT paper's study: GPT-2 Medium, muon, global batch 480 x 1024 tokens.
+# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.
+from configs.gpt2_medium_owt import *  # noqa: F401,F403 - the model, data and run defaults
+
+run_name = "gpt2_medium_muon_b480"
+optimizer = "muon"
+batch_size = 480
+max_steps = 0
+max_tokens = 7_100_000_000  # 20 tokens per parameter
+warmup_steps = 0
+warmup_tokens = 142_000_000  # 2% of the tokens
+lr = 0.0003  # published for batch 480; the paper grid-searches it per batch
+min_lr = 6e-05

@@ -1,0 +1,15 @@
+# The MERIT paper's study: GPT-2 Small, muon with QK-Clip (tau 100: MuonClip), global batch 2048 x 1024 tokens.
+# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.
+from configs.gpt2_small_owt import *  # noqa: F401,F403 - the model, data and run defaults
+
+run_name = "gpt2_small_muonclip_b2k"
+optimizer = "muon"
+batch_size = 2048
+micro_batch_size = 16  # x 8 GPUs divides batch_size
+max_steps = 0
+max_tokens = 2_480_000_000  # 20 tokens per parameter
+warmup_steps = 0
+warmup_tokens = 49_600_000  # 2% of the tokens
+lr = 0.0006  # published for batch 480; the paper grid-searches it per batch
+min_lr = 3e-05
+qk_clip_tau = 100  # Kimi K2's
