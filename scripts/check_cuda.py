@@ -111,10 +111,11 @@ def check_speed(device: torch.device) -> None:
     from scripts import bench_optim
 
     for dtype in (torch.float32, torch.bfloat16):
-        for name in ("merit", "lamb", "lion", "sophiag", "adamw"):
-            ms, base, ratio = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
+        for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon"):
+            ms, base, ratio, newton_schulz_ms = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
+            share = f", Newton-Schulz {newton_schulz_ms:.2f} ms" if newton_schulz_ms is not None else ""
             print(f"      speed {name:<8} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
-                  f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}", flush=True)
+                  f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}{share}", flush=True)
 
 
 def check_model(device: torch.device, quick: bool) -> None:
