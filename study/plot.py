@@ -1,5 +1,7 @@
-"""The study's figures (PNG) from runs (study/runs.py); scripts/plot.py is the CLI and its
-docstring lists the figures.
+"""The study's figures (PNG) from runs grouped into points (study/runs.py); scripts/plot.py is the
+CLI and its docstring lists the figures. Every figure shows each point at its selected lr, its
+seeds as a band around their mean (never as lines on top of each other), and names the points
+and runs it shows; a log axis of logits is symmetric-log, so a logit <= 0 is drawn where it is.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from study.runs import Run, best_lr, mean_std  # noqa: E402
+from study.runs import Run, Study, summary  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 MAX_PANELS = 12
+SYMLOG = dict(base=10, linthresh=1.0)  # linear within [-1, 1], logarithmic beyond
 
 
 def colours(labels) -> dict[str, str]:
@@ -23,60 +26,110 @@ def colours(labels) -> dict[str, str]:
     return {label: cycle[i % len(cycle)] for i, label in enumerate(sorted(set(labels)))}
 
 
-def plot_val_loss(runs: list[Run], path: Path) -> None:
-    runs = [run for seeds in best_lr(runs).values() for run in seeds]  # each point at its best lr
-    colour = colours(r.label for r in runs)
-    batches = sorted({r.batch_size for r in runs})
+def seed_band(runs: list[Run], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps every seed logged ``key`` at, the mean, the lowest and the highest seed there)."""
+    series = [dict(zip(*run.series(key))) for run in runs]
+    steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = [[s[step] for s in series] for step in steps]
+    return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def _legend(ax, **kwargs) -> None:
+    ax.legend(fontsize=7, frameon=False, **kwargs)
+
+
+def plot_val_loss(study: Study, path: Path) -> None:
+    best = study.best()
+    colour = colours(label for label, _ in best)
+    batches = sorted({batch for _, batch in best})
     styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1))]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
-        steps, losses = run.series("val/loss")
-        tokens = [s * run.tokens_per_step() for s in steps]
-        ax.plot(tokens, losses, color=colour[run.label], linestyle=styles[batches.index(run.batch_size) % len(styles)],
-                label=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}, seed {run.seed}")
-    ax.set(xlabel="training tokens", ylabel="validation loss", title="Validation loss (best lr per point)")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (label, batch), selection in best.items():
+        steps, mean, low, high = seed_band(selection.runs, study.select_on)
+        tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
+        style = styles[batches.index(batch) % len(styles)]
+        ax.plot(tokens, mean, color=colour[label], linestyle=style,
+                label=f"{label}, batch {batch}, lr {selection.lr:g} ({len(selection.runs)} seeds)")
+        ax.fill_between(tokens, low, high, color=colour[label], alpha=0.15, linewidth=0)
+    ax.set(xlabel="training tokens", ylabel=study.select_on,
+           title=f"{study.select_on} over training (best lr per point; band: lowest to highest seed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    _legend(ax, ncol=2)
     _save(fig, path)
 
 
-def plot_max_logits(runs: list[Run], path: Path) -> None:
-    panels = [seeds[0] for seeds in best_lr(runs).values()][:MAX_PANELS]  # as the report's table
+def plot_max_logits(study: Study, path: Path) -> None:
+    panels = list(study.best().items())[:MAX_PANELS]
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False, sharey=True)
-    for ax, run in zip(axes.flat, panels):
-        layers = run.layer_keys("max_logit")
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.5 * rows), squeeze=False, sharey=True)
+    for ax, ((label, batch), selection) in zip(axes.flat, panels):
+        layers = selection.runs[0].layer_keys("max_logit")
         cmap = plt.get_cmap("viridis", max(len(layers), 2))
         for i, key in enumerate(layers):
-            steps, values = run.series(key)
-            ax.plot(steps, values, color=cmap(i), linewidth=1, label=key.removeprefix("max_logit/"))
-        ax.set_yscale("log")
-        ax.set(title=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}", xlabel="step", ylabel="max attention logit")
+            steps, mean, low, high = seed_band(selection.runs, key)
+            ax.plot(steps, mean, color=cmap(i), linewidth=1, label=key.removeprefix("max_logit/"))
+            ax.fill_between(steps, low, high, color=cmap(i), alpha=0.15, linewidth=0)
+        ax.set_yscale("symlog", **SYMLOG)
+        ax.set(title=f"{label}, batch {batch}, lr {selection.lr:g}", xlabel="step", ylabel="max attention logit")
+        ax.title.set_fontsize(8)
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper right", fontsize=6, ncol=max(1, len(names) // 12))
-    fig.suptitle("Per-layer max attention logit (log scale)")
+    fig.legend(handles, names, loc="upper right", fontsize=7, ncol=max(1, len(names) // 12), frameon=False)
+    fig.suptitle("Max attention logit per layer (symmetric log scale; band: lowest to highest seed)")
     _save(fig, path)
 
 
-def plot_scaling(runs: list[Run], path: Path) -> None:
-    best = best_lr(runs)
-    colour = colours(label for label, _ in best)
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for label in colour:
-        points = sorted((batch, *mean_std([r.final("val/loss") for r in seeds]))
-                        for (name, batch), seeds in best.items() if name == label)
-        batches, means, stds = zip(*points)
-        ax.errorbar(batches, means, yerr=stds, color=colour[label], marker="o", capsize=3, label=label)
+def _by_batch(study: Study, value) -> dict[str, list[tuple[int, list[float], bool]]]:
+    """Per row label: (batch, value(run) of each seed at the selected lr, whether that lr is on the
+    grid's edge), batches ascending."""
+    lines: dict[str, list] = {}
+    for (label, batch), selection in study.best().items():
+        lines.setdefault(label, []).append((batch, [value(r) for r in selection.runs], selection.on_edge))
+    return lines
+
+
+def _against_batch(ax, lines: dict, colour: dict) -> None:
+    for label, points in lines.items():
+        batches = [b for b, _, _ in points]
+        stats = [summary(values) for _, values, _ in points]
+        means = [s.mean for s in stats]
+        ax.plot(batches, means, color=colour[label], marker="o", label=label)
+        ax.fill_between(batches, [min(v) for _, v, _ in points], [max(v) for _, v, _ in points],
+                        color=colour[label], alpha=0.15, linewidth=0)
+        edges = [(b, m) for (b, _, edge), m in zip(points, means) if edge]
+        if edges:
+            ax.scatter(*zip(*edges), s=90, facecolors="none", edgecolors=colour[label], linewidths=1.2)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="global batch (sequences)", ylabel="final validation loss",
-           title="Final validation loss vs batch size (best lr per point; bars: std over seeds)")
-    ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+
+
+def plot_scaling(study: Study, path: Path) -> None:
+    lines = _by_batch(study, lambda r: r.final(study.select_on))
+    colour = colours(lines)
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    _against_batch(ax, lines, colour)
+    ax.set(xlabel="global batch (sequences)", ylabel=f"final {study.select_on}",
+           title="Final loss against the batch at a fixed token budget\n(best lr per point; band: lowest to "
+                 "highest seed; circled: the best lr is on its grid's edge)")
+    ax.title.set_fontsize(9)
+    _legend(ax)
+    _save(fig, path)
+
+
+def plot_peak_logit(study: Study, path: Path) -> None:
+    """The peak max attention logit (the largest layer, over training) against the batch."""
+    lines = _by_batch(study, lambda r: max((r.peak(k) for k in r.layer_keys("max_logit")), default=math.nan))
+    colour = colours(lines)
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    _against_batch(ax, lines, colour)
+    ax.set_yscale("symlog", **SYMLOG)
+    ax.set(xlabel="global batch (sequences)", ylabel="peak max attention logit (largest layer)",
+           title="Peak max attention logit against the batch (best lr per point; band: lowest to highest seed)")
+    ax.title.set_fontsize(9)
+    _legend(ax)
     _save(fig, path)
 
 
@@ -92,11 +145,15 @@ def per_layer(run: Run, stat: str) -> dict[int, tuple[list[int], list[float]]]:
             for layer, by_step in sorted(layers.items())}
 
 
-def plot_merit_diagnostics(runs: list[Run], path: Path) -> bool:
-    merit = [r for r in runs if r.config["optimizer"] == "merit" and r.keys("clip_fraction/")]
+def plot_merit_diagnostics(study: Study, path: Path) -> bool:
+    """MERIT's clip fraction and trust-ratio spread per layer: plain MERIT (no ablation) at its
+    selected lr, at the largest batch it was run at."""
+    merit = [(key, s) for key, s in study.best().items()
+             if s.runs[0].optimizer_label == "merit" and s.runs[0].keys("clip_fraction/")]
     if not merit:
         return False
-    run = max(merit, key=lambda r: r.batch_size)
+    (label, batch), selection = max(merit, key=lambda item: item[0][1])
+    run = selection.runs[0]
     fig, (clip_ax, spread_ax) = plt.subplots(1, 2, figsize=(11, 4))
     clip = per_layer(run, "clip_fraction")
     cmap = plt.get_cmap("viridis", max(len(clip), 2))
@@ -112,8 +169,8 @@ def plot_merit_diagnostics(runs: list[Run], path: Path) -> bool:
     spread_ax.set_yscale("log")
     for ax in (clip_ax, spread_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.suptitle(f"{run.name}: {run.label}, batch {run.batch_size}, lr {run.lr:g}")
+        _legend(ax)
+    fig.suptitle(f"{label}, batch {batch}, lr {selection.lr:g}, seed {run.seed} ({run.name})")
     _save(fig, path)
     return True
 
@@ -130,26 +187,29 @@ def head_logits(run: Run, step: int) -> list[list[float]]:
     return [[cells.get((layer, head), math.nan) for head in range(heads)] for layer in range(layers)]
 
 
-def plot_head_logits(runs: list[Run], path: Path) -> bool:
-    """Layer x head heatmaps of the max attention logit at SNAPSHOTS steps, for the best-lr runs with
-    the largest final logits: which heads run away, and when."""
-    panels = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].keys("max_logit/layer_00/head_")]
+def plot_head_logits(study: Study, path: Path) -> bool:
+    """Layer x head heatmaps of the max attention logit at SNAPSHOTS steps, for the selected runs
+    with the largest final logits: which heads run away, and when."""
+    panels = [(label, batch, s.runs[0]) for (label, batch), s in study.best().items()
+              if s.runs[0].keys("max_logit/layer_00/head_")]
     if not panels:
         return False
     peak = lambda run: max((run.final(k) or 0.0) for k in run.layer_keys("max_logit"))  # noqa: E731
-    panels = sorted(panels, key=peak, reverse=True)[:MAX_PANELS // 2]
+    panels = sorted(panels, key=lambda p: peak(p[2]), reverse=True)[:MAX_PANELS // 2]
     grids = []
-    for run in panels:
+    for _, _, run in panels:
         steps = sorted({r["step"] for r in run.records if "step" in r and any(HEAD_KEY.match(k) for k in r)})
         picked = sorted({steps[round(i * (len(steps) - 1) / max(SNAPSHOTS - 1, 1))] for i in range(SNAPSHOTS)})
         grids.append([(step, head_logits(run, step)) for step in picked])
     top = max(v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))
-    fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.6 * SNAPSHOTS + 1, 2.4 * len(panels)), squeeze=False,
+    fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.8 * SNAPSHOTS + 1, 2.5 * len(panels)), squeeze=False,
                              layout="constrained")
-    for r, (run, row, ax_row) in enumerate(zip(panels, grids, axes)):
+    norm = matplotlib.colors.SymLogNorm(linthresh=1.0, vmin=min(0.0, min(
+        v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))), vmax=top)
+    for r, ((label, batch, run), row, ax_row) in enumerate(zip(panels, grids, axes)):
         for c, (ax, (step, grid)) in enumerate(zip(ax_row, row)):
-            image = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=top)
-            ax.set_title(f"{run.label}, batch {run.batch_size}, step {step}", fontsize=7)
+            image = ax.imshow(grid, aspect="auto", cmap="magma", norm=norm)
+            ax.set_title(f"{label}, batch {batch}, step {step}", fontsize=7)
             ax.set_xticks(range(len(grid[0])))
             ax.set_yticks(range(len(grid)))
             ax.tick_params(labelsize=6)
@@ -159,54 +219,63 @@ def plot_head_logits(runs: list[Run], path: Path) -> bool:
                 ax.set_xlabel("head")
         for ax in ax_row[len(row):]:
             ax.axis("off")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="max attention logit")
-    fig.suptitle("Max attention logit per layer and head over training")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="max attention logit (symmetric log)")
+    fig.suptitle("Max attention logit per layer and head over training (one seed at the best lr)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
 
 
-def plot_attention_entropy(runs: list[Run], path: Path) -> bool:
+def plot_attention_entropy(study: Study, path: Path) -> bool:
     """Per layer, the lowest head entropy over steps: entropy collapse shows before instability."""
-    panels = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].layer_keys("attn_entropy")][:MAX_PANELS]
+    panels = [(key, s) for key, s in study.best().items() if s.runs[0].layer_keys("attn_entropy")][:MAX_PANELS]
     if not panels:
         return False
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False, sharey=True)
-    for ax, run in zip(axes.flat, panels):
-        layers = run.layer_keys("attn_entropy")
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.5 * rows), squeeze=False, sharey=True)
+    for ax, ((label, batch), selection) in zip(axes.flat, panels):
+        layers = selection.runs[0].layer_keys("attn_entropy")
         cmap = plt.get_cmap("viridis", max(len(layers), 2))
         for i, key in enumerate(layers):
-            ax.plot(*run.series(key), color=cmap(i), linewidth=1, label=key.removeprefix("attn_entropy/"))
-        ax.set(title=f"{run.label}, batch {run.batch_size}, lr {run.lr:g}", xlabel="step",
+            steps, mean, low, high = seed_band(selection.runs, key)
+            ax.plot(steps, mean, color=cmap(i), linewidth=1, label=key.removeprefix("attn_entropy/"))
+            ax.fill_between(steps, low, high, color=cmap(i), alpha=0.15, linewidth=0)
+        ax.set(title=f"{label}, batch {batch}, lr {selection.lr:g}", xlabel="step",
                ylabel="min attention entropy over heads (nats)")
+        ax.title.set_fontsize(8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper right", fontsize=6, ncol=max(1, len(names) // 12))
-    fig.suptitle("Attention entropy per layer (the lowest head)")
+    fig.legend(handles, names, loc="upper right", fontsize=7, ncol=max(1, len(names) // 12), frameon=False)
+    fig.suptitle("Attention entropy per layer, the lowest head (band: lowest to highest seed)")
     _save(fig, path)
     return True
 
 
-def plot_noise_scale(runs: list[Run], path: Path) -> bool:
-    """The live gradient noise scale B_simple over steps against each run's batch (in tokens): a
-    batch far above B_simple buys little per token."""
-    lines = [seeds[0] for seeds in best_lr(runs).values() if seeds[0].series("noise_scale/b_simple")[0]]
+def plot_noise_scale(study: Study, path: Path) -> bool:
+    """The gradient noise scale B_simple over training (tokens, mean of the seeds at the selected
+    lr) for each point, against each batch in tokens (dashed): a batch far above B_simple buys
+    little per token, one far below wastes steps."""
+    lines = [(key, s) for key, s in study.best().items() if s.runs[0].series("noise_scale/b_simple")[0]]
     if not lines:
         return False
-    colour = colours(f"{r.label}, batch {r.batch_size}" for r in lines)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in lines:
-        name = f"{run.label}, batch {run.batch_size}"
-        ax.plot(*run.series("noise_scale/b_simple"), color=colour[name], label=name)
-        ax.axhline(run.final("noise_scale/batch_tokens"), color=colour[name], linestyle="--", linewidth=0.8)
+    colour = colours(f"{label}, batch {batch}" for (label, batch), _ in lines)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (label, batch), selection in lines:
+        name = f"{label}, batch {batch}"
+        steps, mean, low, high = seed_band(selection.runs, "noise_scale/b_simple")
+        tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
+        ax.plot(tokens, mean, color=colour[name], label=name)
+        ax.fill_between(tokens, low, high, color=colour[name], alpha=0.15, linewidth=0)
+        ax.axhline(selection.runs[0].final("noise_scale/batch_tokens"), color=colour[name], linestyle="--",
+                   linewidth=0.8)
     ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel="tokens", title="Gradient noise scale B_simple (solid) and the batch (dashed)")
+    ax.set(xlabel="training tokens", ylabel="tokens",
+           title="Gradient noise scale B_simple (solid; band: seeds) and each batch (dashed)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=6)
+    _legend(ax, ncol=2)
     _save(fig, path)
     return True
 
@@ -217,15 +286,17 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def draw_all(runs: list[Run], out: Path) -> list[Path]:
+def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss") -> list[Path]:
     """Every figure of ``runs`` into the folder ``out``; the files written."""
     out.mkdir(parents=True, exist_ok=True)
+    study = Study(runs, select_on)
     written = []
-    for name, draw in (("val_loss", plot_val_loss), ("max_logit", plot_max_logits), ("scaling", plot_scaling)):
-        draw(runs, out / f"{name}.png")
+    for name, draw in (("val_loss", plot_val_loss), ("max_logit", plot_max_logits), ("scaling", plot_scaling),
+                       ("peak_logit", plot_peak_logit)):
+        draw(study, out / f"{name}.png")
         written.append(out / f"{name}.png")
     for name, draw in (("merit_diagnostics", plot_merit_diagnostics), ("max_logit_heads", plot_head_logits),
                        ("attn_entropy", plot_attention_entropy), ("noise_scale", plot_noise_scale)):
-        if draw(runs, out / f"{name}.png"):  # each only where the runs logged its keys
+        if draw(study, out / f"{name}.png"):  # each only where the runs logged its keys
             written.append(out / f"{name}.png")
     return written

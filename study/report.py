@@ -1,19 +1,29 @@
-"""The study's markdown tables from runs (study/runs.py); scripts/report.py is the CLI and its
-docstring lists the tables.
+"""The study's markdown tables from runs grouped into points (study/runs.py); scripts/report.py is
+the CLI and its docstring lists the tables.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
-from study.runs import Run, best_lr, group, mean_std
+from study.runs import Run, Selection, Study, paired, summary
+
+REFERENCE = "adamw"  # the optimizer every other is compared with
 
 
-def _pm(values: list[float], digits: int = 3) -> str:
-    mean, std = mean_std(values)
-    if math.isnan(mean):
+def _mean(values: list[float | None], digits: int = 3) -> str:
+    s = summary(values)
+    if not s.n:
         return "-"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+    if s.n == 1:
+        return f"{s.mean:.{digits}f}"
+    return f"{s.mean:.{digits}f} ± {s.std:.{digits}f} [±{s.ci95:.{digits}f}]"
+
+
+def _difference(s) -> str:
+    if not s.n:
+        return "-"
+    interval = f" [{s.mean - s.ci95:+.3f}, {s.mean + s.ci95:+.3f}]" if s.n > 1 else " (1 seed)"
+    return f"{s.mean:+.3f}{interval}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -21,110 +31,154 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def loss_table(best: dict) -> str:
+def _lr(selection: Selection) -> str:
+    return f"lr {selection.lr:g}{', on the grid edge' if selection.on_edge else ''}"
+
+
+def loss_table(study: Study, best: dict, report_on: str) -> str:
+    """Rows: points without their batch; columns: batches. Each cell the selected lr's seeds."""
     batches = sorted({batch for _, batch in best})
-    labels = sorted({label for label, _ in best})
     rows = []
-    for label in labels:
+    for label in sorted({label for label, _ in best}):
         row = [label]
         for batch in batches:
-            seeds = best.get((label, batch))
-            row.append("-" if seeds is None else
-                       f"{_pm([r.final('val/loss') for r in seeds])} (lr {seeds[0].lr:g}, {len(seeds)} seeds)")
+            selection = best.get((label, batch))
+            row.append("-" if selection is None else
+                       f"{_mean([r.final(report_on) for r in selection.runs])} ({_lr(selection)}, "
+                       f"n={len(selection.runs)})")
         rows.append(row)
-    return table(["optimizer", *(f"batch {b}" for b in batches)], rows)
+    return table(["point", *(f"batch {b}" for b in batches)], rows)
 
 
-def overlap_note(best: dict) -> str:
-    overlapping, single = [], False
-    for batch in sorted({b for _, b in best}):
-        at_batch = {label: seeds for (label, b), seeds in best.items() if b == batch}
-        for (a, runs_a), (b, runs_b) in itertools.combinations(sorted(at_batch.items()), 2):
-            (mean_a, std_a), (mean_b, std_b) = (mean_std([r.final("val/loss") for r in s]) for s in (runs_a, runs_b))
-            single |= min(len(runs_a), len(runs_b)) < 2
-            if abs(mean_a - mean_b) <= std_a + std_b:
-                overlapping.append(f"{a} and {b} at batch {batch} ({mean_a:.3f} vs {mean_b:.3f})")
-    notes = []
-    if overlapping:
-        notes.append("Within the seed spread (mean ± std intervals overlap; not significant with these seeds): "
-                     + "; ".join(overlapping) + ".")
-    if single:
-        notes.append("Points with a single seed have no spread: their differences cannot be judged.")
-    return "\n\n".join(notes) or "Every pair of optimizers at the same batch is separated by more than its seed spread."
+def reference_label(study: Study, label: str, best: dict) -> str | None:
+    """The label of the reference optimizer's point with the same other keys as ``label``'s."""
+    run = next(selection.runs[0] for (name, _), selection in best.items() if name == label)
+    rest = label.removeprefix(run.optimizer_label)
+    reference = REFERENCE + rest
+    return reference if any(name == reference for name, _ in best) and reference != label else None
 
 
-def grid_table(runs: list[Run]) -> str:
+def comparison_table(study: Study, best: dict, report_on: str) -> str | None:
+    """Each point against the reference optimizer at the same batch (paired by seed: the difference
+    and its 95% interval) and against the reference at its smallest batch (the paper's Δ)."""
     rows = []
-    for (label, batch, lr), seeds in group(runs, "label", "batch_size", "lr").items():
-        done = [r for r in seeds if r.finished]
-        loss = _pm([r.final("val/loss") for r in done]) if done else "did not finish"
-        rows.append([label, str(batch), f"{lr:g}", loss, f"{len(done)} of {len(seeds)}"])
-    return table(["optimizer", "batch", "lr", "final val loss", "seeds finished"], rows)
+    for (label, batch), selection in best.items():
+        reference = reference_label(study, label, best)
+        if reference is None:
+            continue
+        same = best.get((reference, batch))
+        smallest = min(b for name, b in best if name == reference)
+        base = summary([r.final(report_on) for r in best[(reference, smallest)].runs])
+        mine = summary([r.final(report_on) for r in selection.runs])
+        rows.append([label, str(batch),
+                     _difference(paired(selection.runs, same.runs, report_on)) if same else "-",
+                     f"{mine.mean - base.mean:+.3f} (batch {smallest})"])
+    if not rows:
+        return None
+    return table(["point", "batch", f"Δ vs {REFERENCE}, same batch, paired by seed [95%]",
+                  f"Δ vs {REFERENCE} at its smallest batch (means)"], rows)
 
 
-def unfinished_note(runs: list[Run]) -> str | None:
-    unfinished = [r for r in runs if not r.finished]
+def grid_table(study: Study) -> str:
+    rows = []
+    for (label, batch), by_lr in study.points().items():
+        for lr, seeds in by_lr.items():
+            done = [r for r in seeds if r.finished]
+            loss = _mean([r.final(study.select_on) for r in done]) if done else "did not finish"
+            peaks = [max((r.peak(k) for k in r.layer_keys("max_logit")), default=math.nan) for r in seeds]
+            finals = [max((r.final(k) for k in r.layer_keys("max_logit")), default=math.nan) for r in done]
+            rows.append([label, str(batch), f"{lr:g}", loss, f"{len(done)} of {len(seeds)}",
+                         f"{max(peaks):.3g}" if peaks else "-",
+                         f"{summary(finals).mean:.3g}" if done else "-"])
+    return table(["point", "batch", "lr", f"final {study.select_on}", "seeds finished",
+                  "peak max logit (largest layer and seed)", "final max logit (largest layer, mean)"], rows)
+
+
+def unfinished_note(study: Study) -> str | None:
+    unfinished = [r for r in study.runs if not r.finished]
     if not unfinished:
         return None
-    return ("Did not finish (diverged, e.g. stopped by nonfinite='stop', or interrupted; left out of every "
-            "other table): " + ", ".join(f"{r.label} lr {r.lr:g} seed {r.seed} (last logged step {r.last_step} "
-                                           f"of {r.total_steps})" for r in unfinished) + ".")
+    return ("Did not finish (diverged, e.g. stopped by nonfinite='stop', or interrupted; their lr is not selected "
+            "for the point): " + ", ".join(f"{study.label(r)} batch {r.batch_size} lr {r.lr:g} seed {r.seed} "
+                                           f"(last logged step {r.last_step} of {r.total_steps})"
+                                           for r in unfinished) + ".")
 
 
 def max_logit_table(best: dict) -> str:
-    layers = sorted({k for seeds in best.values() for r in seeds for k in r.layer_keys("max_logit")})
+    layers = sorted({k for s in best.values() for r in s.runs for k in r.layer_keys("max_logit")})
     rows = []
-    for (label, batch), seeds in sorted(best.items()):
+    for (label, batch), selection in best.items():
         row = [label, str(batch)]
         for key in layers:
-            peaks = [max(r.series(key)[1], default=math.nan) for r in seeds]
-            finals = [r.final(key) for r in seeds]
-            row.append(f"{mean_std(peaks)[0]:.1f} / {mean_std(finals)[0]:.1f}")
+            peaks = [r.peak(key) for r in selection.runs]
+            finals = [r.final(key) for r in selection.runs]
+            row.append(f"{summary(peaks).mean:.3g} / {summary(finals).mean:.3g}")
         rows.append(row)
-    return table(["optimizer", "batch", *(k.removeprefix("max_logit/") for k in layers)], rows)
+    return table(["point", "batch", *(k.removeprefix("max_logit/") for k in layers)], rows)
 
 
-def target_table(best: dict, target: float) -> str:
+def target_table(best: dict, target: float, key: str) -> str:
     rows = []
-    for (label, batch), seeds in sorted(best.items()):
-        steps = [r.first_step_below("val/loss", target) for r in seeds]
+    for (label, batch), selection in best.items():
+        steps = [r.steps_to(key, target) for r in selection.runs]
         reached = [s for s in steps if s is not None]
         if not reached:
             rows.append([label, str(batch), "not reached", "-"])
             continue
         mean_steps = sum(reached) / len(reached)
         note = "" if len(reached) == len(steps) else f" ({len(reached)} of {len(steps)} seeds)"
-        rows.append([label, str(batch), f"{mean_steps:.0f}{note}", f"{mean_steps * seeds[0].tokens_per_step():,.0f}"])
-    return table(["optimizer", "batch", "steps", "tokens"], rows)
+        rows.append([label, str(batch), f"{mean_steps:.1f}{note}",
+                     f"{mean_steps * selection.runs[0].tokens_per_step():,.0f}"])
+    return table(["point", "batch", "steps", "tokens"], rows)
+
+
+def zero_shot_average(run: Run) -> float | None:
+    """The mean accuracy over the zero-shot tasks that report one (``zero_shot/<task>/acc``)."""
+    values = [run.final(k) for k in run.keys("zero_shot/") if k.endswith("/acc")]
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def zero_shot_table(best: dict) -> str | None:
-    keys = sorted({k for seeds in best.values() for r in seeds for k in r.keys("zero_shot/")})
+    keys = sorted({k for s in best.values() for r in s.runs for k in r.keys("zero_shot/")})
     if not keys:
         return None
-    rows = [[label, str(batch), *(_pm([r.final(k) for r in seeds]) for k in keys)]
-            for (label, batch), seeds in sorted(best.items())]
-    return table(["optimizer", "batch", *(k.removeprefix("zero_shot/") for k in keys)], rows)
+    rows = [[label, str(batch), _mean([zero_shot_average(r) for r in s.runs]),
+             *(_mean([r.final(k) for r in s.runs]) for k in keys)] for (label, batch), s in best.items()]
+    return table(["point", "batch", "average acc", *(k.removeprefix("zero_shot/") for k in keys)], rows)
 
 
 def hessian_table(best: dict) -> str | None:
-    rows = [[label, str(batch), _pm([r.hessian["top_eigenvalue"] for r in seeds if r.hessian], 2),
-             _pm([r.hessian["trace"] for r in seeds if r.hessian], 1)]
-            for (label, batch), seeds in sorted(best.items()) if any(r.hessian for r in seeds)]
-    return table(["optimizer", "batch", "top eigenvalue", "trace"], rows) if rows else None
+    rows = [[label, str(batch), _mean([r.hessian["top_eigenvalue"] for r in s.runs if r.hessian], 2),
+             _mean([r.hessian["trace"] for r in s.runs if r.hessian], 1)]
+            for (label, batch), s in best.items() if any(r.hessian for r in s.runs)]
+    return table(["point", "batch", "top eigenvalue", "trace"], rows) if rows else None
 
 
-def report(runs: list[Run], target: float | None) -> str:
-    best = best_lr(runs)
+def report(runs: list[Run], target: float | None, select_on: str = "val/loss", report_on: str | None = None) -> str:
+    """The report of ``runs``: the lr of each point chosen on ``select_on``, the numbers reported
+    on ``report_on`` (default the same; e.g. a held-out split's loss)."""
+    report_on = report_on or select_on
+    study = Study(runs, select_on)
+    best = study.best()
+    title = f"# Study report: {len(runs)} runs, {len(study.points())} points"
     if not best:
-        return f"# Study report: {len(runs)} runs\n\nNo run finished.\n\n{unfinished_note(runs)}\n"
+        return f"{title}\n\nNo point has an lr all of whose seeds finished.\n\n{unfinished_note(study)}\n"
     if target is None:
-        target = max(mean_std([r.final("val/loss") for r in seeds])[0] for seeds in best.values())
-    sections = [f"# Study report: {len(runs)} runs", "## Final validation loss (best lr per point)",
-                loss_table(best), overlap_note(best), "## Final validation loss over the lr grid", grid_table(runs),
-                *filter(None, [unfinished_note(runs)]),
-                "## Max attention logit per layer (peak / final)", max_logit_table(best),
-                f"## Steps and tokens to validation loss {target:.3f}", target_table(best, target)]
+        target = max(summary([r.final(report_on) for r in s.runs]).mean for s in best.values())
+    where = f"selected on {select_on}, reported on {report_on}"
+    sections = [title,
+                f"Each point's lr is the one with the lowest mean final {select_on} among those all of whose "
+                f"seeds finished. Cells: mean ± std [±95% interval half-width] over seeds.",
+                f"## Final {report_on} (best lr per point; {where})", loss_table(study, best, report_on)]
+    comparison = comparison_table(study, best, report_on)
+    if comparison:
+        sections += [f"## Against {REFERENCE} ({report_on})", comparison]
+    sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
+                 "## Max attention logit per layer at the best lr (peak / final, mean over seeds)",
+                 max_logit_table(best),
+                 f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over seeds)",
+                 target_table(best, target, report_on)]
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):
         if body:
             sections += [title, body]

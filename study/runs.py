@@ -1,9 +1,18 @@
-"""Finished and running training runs read back from their folders, for the study's report and plots.
+"""Finished and running training runs read back from their folders, grouped into the study's points.
 
 A run folder is what train.py writes (``config.json``, ``metrics.jsonl``; ``hessian.json`` if
 scripts/hessian.py analysed its checkpoint). Runs are found under the given paths (a run folder,
-a sweep folder, any folder above them) and grouped by optimizer label and batch size; seeds of
-the same point are one group.
+a sweep folder, any folder above them).
+
+A point is everything a run's config says but its learning rate and its seeds: every key except
+``lr`` (and ``min_lr``, which moves with it: the point keeps their ratio), ``seed``, ``data_seed``
+and the keys that say how a run was run or recorded, not what it trained (``BOOKKEEPING``: names,
+folders, intervals, the layout, the backend, the logging). Runs of one point differ only in lr
+and seeds, so a point's seeds at one lr are a sample of one thing; runs of different points are
+never averaged. ``Study`` groups runs into points, names each by what varies across the runs
+shown (the optimizer, its ablation, and any other key that differs: "merit, n_layer=24"), and
+selects each point's lr: the one with the lowest mean validation loss among the lrs all of whose
+seeds finished.
 """
 from __future__ import annotations
 
@@ -17,9 +26,22 @@ from pathlib import Path
 from configs import TrainConfig
 from training.instruments import is_layer_key
 
+# Config keys that say how a run was run or recorded, not what it trained.
+BOOKKEEPING = frozenset({
+    "run_name", "out_dir", "resume", "overwrite", "log_interval", "eval_interval", "checkpoint_interval",
+    "keep_checkpoints", "permanent_checkpoint_interval", "stop_at_step", "sample_tokens", "wandb_mode",
+    "wandb_project", "wandb_entity", "wandb_group", "zero_shot_tasks", "zero_shot_interval", "zero_shot_data_dir",
+    "zero_shot_limit", "device", "compile", "zero_stage", "fsdp", "optim_backend", "peak_flops", "noise_scale_ema",
+    "probe_batch_size", "nonfinite", "max_skipped_steps", "micro_batch_size"})
+# What varies within a point.
+LR_KEYS, SEED_KEYS = ("lr", "min_lr"), ("seed", "data_seed")
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).
 ABLATIONS = {("maxlamb", True): "maxLAMB", ("norm", "l2"): "l2", ("elementwise_clip", False): "no clip",
              ("weightwise_lower_bound", False): "no lower bound"}
+# Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
+# batch, a column of its own.
+LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "batch_size",
+            *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
 
 
 @dataclass
@@ -34,12 +56,31 @@ class Run:
         return self.folder.name
 
     @property
-    def label(self) -> str:
-        """The optimizer, with its ablation and QK-Norm if any: "merit (maxLAMB)", "adamw + qk_norm"."""
+    def optimizer_label(self) -> str:
+        """The optimizer with its ablation, QK-Norm and QK-Clip if any: "merit (maxLAMB)",
+        "adamw + qk_norm", "muon + qk_clip 100"."""
         options = self.config.get("optimizer_options") or {}
         ablations = [name for (key, value), name in ABLATIONS.items() if options.get(key) == value]
         label = self.config["optimizer"] + (f" ({', '.join(ablations)})" if ablations else "")
-        return label + (" + qk_norm" if self.config.get("qk_norm") else "")
+        label += " + qk_norm" if self.config.get("qk_norm") else ""
+        tau = self.config.get("qk_clip_tau")
+        return label + (f" + qk_clip {tau:g}" if tau is not None else "")
+
+    @functools.cached_property
+    def point(self) -> tuple[tuple[str, object], ...]:
+        """Every config key that is not lr, a seed or bookkeeping, as sorted (key, value) pairs
+        (optimizer options one by one; min_lr as its ratio to lr)."""
+        items = {}
+        for key, value in self.config.items():
+            if key in BOOKKEEPING or key in LR_KEYS or key in SEED_KEYS:
+                continue
+            if key == "optimizer_options":
+                items.update({f"optimizer_options.{k}": _hashable(v) for k, v in (value or {}).items()})
+            else:
+                items[key] = _hashable(value)
+        lr = self.config.get("lr")
+        items["min_lr / lr"] = round(self.config["min_lr"] / lr, 12) if lr and "min_lr" in self.config else None
+        return tuple(sorted(items.items()))
 
     @property
     def batch_size(self) -> int:
@@ -51,7 +92,7 @@ class Run:
 
     @property
     def seed(self) -> int:
-        return self.config["seed"]
+        return self.config.get("seed", 0)
 
     @functools.cached_property
     def total_steps(self) -> int:
@@ -81,6 +122,10 @@ class Run:
         _, values = self.series(key)
         return values[-1] if values else None
 
+    def peak(self, key: str) -> float | None:
+        _, values = self.series(key)
+        return max(values) if values else None
+
     def keys(self, prefix: str) -> list[str]:
         """Every logged key starting with ``prefix``, sorted."""
         return sorted({k for r in self.records for k in r if k.startswith(prefix)})
@@ -89,9 +134,114 @@ class Run:
         """The per-layer keys of ``stat`` (``max_logit/layer_03``, not the per-head ones), sorted."""
         return [k for k in self.keys(f"{stat}/") if is_layer_key(k, stat)]
 
-    def first_step_below(self, key: str, target: float) -> int | None:
+    def steps_to(self, key: str, target: float) -> float | None:
+        """The step at which ``key`` first reaches ``target`` or below, interpolated linearly
+        between the two evaluations around it (None if it never does)."""
         steps, values = self.series(key)
-        return next((s for s, v in zip(steps, values) if v <= target), None)
+        for i, (step, value) in enumerate(zip(steps, values)):
+            if value <= target:
+                if i == 0:
+                    return float(step)
+                (s0, v0) = steps[i - 1], values[i - 1]
+                return s0 + (step - s0) * (v0 - target) / (v0 - value)
+        return None
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+@dataclass
+class Selection:
+    """A point's selected lr: its seeds there and what the grid around it says."""
+
+    runs: list[Run]           # the seeds at the selected lr (all finished)
+    grid: list[float]         # every lr tried at this point, ascending
+    unfinished: list[float]   # lrs left out because a seed of theirs did not finish
+
+    @property
+    def lr(self) -> float:
+        return self.runs[0].lr
+
+    @property
+    def on_edge(self) -> bool:
+        """Whether the selected lr is the smallest or largest tried (the best may lie beyond)."""
+        return self.lr in (self.grid[0], self.grid[-1])
+
+
+class Study:
+    """Runs grouped into points, each named by what varies across ``runs``; ``select_on`` is the
+    validation metric an lr is chosen on."""
+
+    def __init__(self, runs: list[Run], select_on: str = "val/loss"):
+        self.runs, self.select_on = runs, select_on
+        values: dict[str, set] = {}
+        for run in runs:
+            for key, value in run.point:
+                values.setdefault(key, set()).add(value)
+        keys = {key for run in runs for key, _ in run.point}
+        # A key differs between points if it takes two values, or is missing from some.
+        self.varying = sorted(key for key in keys if len(values[key]) > 1
+                              or any(key not in dict(run.point) for run in runs))
+
+    def label(self, run: Run) -> str:
+        """The run's point without its batch: the optimizer, then every other key that varies."""
+        point = dict(run.point)
+        rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in self.varying
+                if key not in LABELLED]
+        return ", ".join([run.optimizer_label, *rest])
+
+    def points(self) -> dict[tuple[str, int], dict[float, list[Run]]]:
+        """{(label, batch): {lr: the runs (seeds)}}, sorted by label and batch, lrs ascending."""
+        points: dict[tuple[str, int], dict[float, list[Run]]] = {}
+        for run in self.runs:
+            points.setdefault((self.label(run), run.batch_size), {}).setdefault(run.lr, []).append(run)
+        return {key: dict(sorted(by_lr.items())) for key, by_lr in sorted(points.items())}
+
+    def best(self) -> dict[tuple[str, int], Selection]:
+        """Per point, the lr with the lowest mean ``select_on`` among those whose every seed
+        finished; points with no such lr are left out."""
+        best = {}
+        for key, by_lr in self.points().items():
+            complete = {lr: seeds for lr, seeds in by_lr.items() if all(r.finished for r in seeds)}
+            scores = {lr: summary([r.final(self.select_on) for r in seeds]).mean for lr, seeds in complete.items()}
+            finite = [lr for lr, score in scores.items() if math.isfinite(score)]
+            if finite:
+                chosen = min(finite, key=scores.get)
+                best[key] = Selection(complete[chosen], list(by_lr), [lr for lr in by_lr if lr not in complete])
+        return best
+
+
+# Two-sided 95% quantiles of Student's t distribution by degrees of freedom (1 to 30; the normal's
+# 1.96 beyond): a 95% interval of a mean of n values is mean +- t[n - 1] * std / sqrt(n).
+T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    std: float    # the sample standard deviation (0 for one value)
+    ci95: float   # half-width of the 95% interval of the mean (NaN for fewer than 2 values)
+
+
+def summary(values: list[float | None]) -> Summary:
+    """Mean, sample standard deviation and 95% t-interval of the finite ``values`` (NaN for none)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    n = len(values)
+    if not n:
+        return Summary(0, math.nan, math.nan, math.nan)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    ci = (T_95[n - 2] if n - 1 <= len(T_95) else 1.96) * std / math.sqrt(n) if n > 1 else math.nan
+    return Summary(n, statistics.fmean(values), std, ci)
+
+
+def paired(a: list[Run], b: list[Run], key: str) -> Summary:
+    """The difference ``key`` of a minus b, over the seeds both have (pairs of runs with one seed)."""
+    by_seed = {r.seed: r.final(key) for r in b}
+    return summary([r.final(key) - by_seed[r.seed] for r in a if r.seed in by_seed
+                    and r.final(key) is not None and by_seed[r.seed] is not None])
 
 
 def read_records(path: Path) -> list[dict]:
@@ -120,34 +270,3 @@ def find_runs(paths: list[Path]) -> list[Run]:
         runs.append(Run(folder, json.loads((folder / "config.json").read_text()), records,
                         json.loads(hessian.read_text()) if hessian.is_file() else None))
     return runs
-
-
-def group(runs: list[Run], *attributes: str) -> dict[tuple, list[Run]]:
-    """Runs by the values of ``attributes`` (e.g. "label", "batch_size", "lr"), keys sorted."""
-    groups: dict[tuple, list[Run]] = {}
-    for run in runs:
-        groups.setdefault(tuple(getattr(run, a) for a in attributes), []).append(run)
-    # Numbers sort as numbers (batch 4 before batch 16), anything else by its text.
-    return dict(sorted(groups.items(), key=lambda item: tuple(v if isinstance(v, (int, float)) else str(v)
-                                                              for v in item[0])))
-
-
-def best_lr(runs: list[Run]) -> dict[tuple[str, int], list[Run]]:
-    """Per (label, batch): the finished seeds of the lr with the lowest mean final validation loss
-    (a point some of whose seeds did not finish competes with the seeds that did)."""
-    best = {}
-    for key, members in group([r for r in runs if r.finished], "label", "batch_size").items():
-        by_lr = {lr: seeds for (lr,), seeds in group(members, "lr").items()}
-        scores = {lr: mean_std([r.final("val/loss") for r in seeds])[0] for lr, seeds in by_lr.items()}
-        finite = [lr for lr, score in scores.items() if math.isfinite(score)]
-        if finite:
-            best[key] = by_lr[min(finite, key=scores.get)]
-    return best
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value); NaN for none."""
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

@@ -2,6 +2,7 @@
 folders with known values, their tables checked against values computed here by hand; on real
 runs in tests/test_mini_study.py."""
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -72,40 +73,91 @@ def cli(name: str, *args) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
+def _cell(values, lr, edge=False):
+    """A loss-table cell computed here: mean ± std [± t(0.975, n-1) std / sqrt(n)] (lr, n)."""
+    n, mean = len(values), statistics.fmean(values)
+    where = f"lr {lr:g}{', on the grid edge' if edge else ''}, n={n}"
+    if n == 1:
+        return f"{mean:.3f} ({where})"
+    std = statistics.stdev(values)
+    return f"{mean:.3f} ± {std:.3f} [±{T_975[n - 1] * std / math.sqrt(n):.3f}] ({where})"
+
+
+T_975 = {1: 12.706, 2: 4.303}  # Student's t, two-sided 95%, by degrees of freedom
+
+
 def test_report_tables_hold_the_hand_computed_values(study, tmp_path):
     result = cli("report", study, "--target", "2.3", "--out", tmp_path / "report.md")
     text = result.stdout
     assert result.returncode == 0 and (tmp_path / "report.md").read_text() == text
     runs = find_runs([study])
-    assert len(runs) == len(FINALS) + 2 and "# Study report: 12 runs" in text
+    assert len(runs) == len(FINALS) + 2 and "# Study report: 12 runs, 5 points" in text
     assert "| adamw | 4 | 0.01 | did not finish | 0 of 1 |" in text
-    assert "Did not finish" in text and "adamw lr 0.01 seed 0 (last logged step 20 of 40)" in text
-    # AdamW at batch 4: lr 3e-3 wins (mean 1.85 against 2.05).
-    adamw = f"{statistics.fmean([1.8, 1.9]):.3f} ± {statistics.stdev([1.8, 1.9]):.3f} (lr 0.003, 2 seeds)"
-    adamw_16 = f"{statistics.fmean([2.5, 2.7]):.3f} ± {statistics.stdev([2.5, 2.7]):.3f} (lr 0.003, 2 seeds)"
-    assert f"| adamw | {adamw} | {adamw_16} |" in text
-    assert "| merit (maxLAMB) | 1.900 (lr 0.01, 1 seeds) | - |" in text
-    # The grid keeps the losing lr too.
-    assert f"| adamw | 4 | 0.001 | {statistics.fmean([2.0, 2.1]):.3f} ± {statistics.stdev([2.0, 2.1]):.3f} | 2 of 2 |" in text
-    # Overlap: merit 1.71 +- 0.014 vs merit (maxLAMB) 1.9 +- 0 do not overlap; adamw 1.85 +- 0.07 and
-    # maxLAMB 1.9 do (|1.85 - 1.9| <= 0.0707).
-    assert "adamw and merit (maxLAMB) at batch 4 (1.850 vs 1.900)" in text
-    assert "adamw and merit at batch 4" not in text
-    assert "single seed have no spread" in text
+    assert "Did not finish" in text and "adamw batch 4 lr 0.01 seed 0 (last logged step 20 of 40)" in text
+    # AdamW at batch 4: lr 3e-3 wins (mean 1.85 against 2.05), inside its grid (1e-3 to 1e-2).
+    assert f"| adamw | {_cell([1.8, 1.9], 3e-3)} | {_cell([2.5, 2.7], 3e-3, edge=True)} |" in text
+    assert f"| merit (maxLAMB) | {_cell([1.9], 1e-2, edge=True)} | - |" in text
+    # The grid keeps the losing lr too, with its max logits: layer 1's 5 x 40 = 200 is the largest.
+    half = T_975[1] * statistics.stdev([2.0, 2.1]) / math.sqrt(2)
+    assert f"| adamw | 4 | 0.001 | 2.050 ± {statistics.stdev([2.0, 2.1]):.3f} [±{half:.3f}] | 2 of 2 | 200 | 200 |" in text
+    # Paired by seed against AdamW at the same batch: merit b4 (1.70, 1.72) - adamw (1.80, 1.90) =
+    # (-0.10, -0.18): mean -0.14, interval +- 12.706 x 0.0566 / sqrt(2); against AdamW's batch 4 mean.
+    diffs = [1.70 - 1.80, 1.72 - 1.90]
+    half = T_975[1] * statistics.stdev(diffs) / math.sqrt(2)
+    mean = statistics.fmean(diffs)
+    assert f"| merit | 4 | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] | {1.71 - 1.85:+.3f} (batch 4) |" in text
+    assert f"| merit | 16 | {statistics.fmean([1.6 - 2.5, 1.62 - 2.7]):+.3f} [" in text
+    assert "| merit (maxLAMB) | 4 | +0.100 (1 seed) | +0.050 (batch 4) |" in text  # (seed 0: 1.9 - 1.8)
     # Max logit: layer 0 peaks at 10 (seed 0) and 20 (seed 1), mean 15; ends at 3 and 6 -> 4.5.
-    assert "| adamw | 4 | 15.0 / 4.5 | 200.0 / 200.0 |" in text
-    # Steps to 2.3: the curve falls from 4.0 to the final loss in 4 equal steps of 10; adamw b4 lr 3e-3
-    # (finals 1.8, 1.9: 2.35 and 2.425 at step 30) reaches it at 40; merit b16 (1.6, 1.62: 2.2 and
-    # 2.215 at step 30) at 30; adamw b16 (2.5, 2.7) never.
-    assert "| adamw | 4 | 40 | 1,280 |" in text and "| merit | 16 | 30 | 3,840 |" in text
+    assert "| adamw | 4 | 15 / 4.5 | 200 / 200 |" in text
+    # Steps to 2.3, interpolated: the curve falls from 4.0 to the final loss in 4 equal steps of 10.
+    # adamw b4 lr 3e-3, finals 1.8 and 1.9: 2.35 and 2.425 at step 30, 1.8 and 1.9 at 40, so 2.3 at
+    # 30 + 10 x 0.05 / 0.55 and 30 + 10 x 0.125 / 0.525; adamw b16 (2.5, 2.7) never.
+    steps = statistics.fmean([30 + 10 * 0.05 / 0.55, 30 + 10 * 0.125 / 0.525])
+    assert f"| adamw | 4 | {steps:.1f} | {steps * 4 * BLOCK:,.0f} |" in text
     assert "| adamw | 16 | not reached | - |" in text
     assert "| merit | 16 | 12.50 | 3400.0 |" in text  # the Hessian of the one seed that has one
-    assert "piqa/acc" in text
+    assert "piqa/acc" in text and "selected on val/loss, reported on val/loss" in text
 
 
 def test_report_defaults_the_target_to_the_worst_best_point(study):
     text = report(find_runs([study]), target=None)
-    assert "## Steps and tokens to validation loss 2.600" in text  # adamw b16's mean
+    assert "## Steps and tokens to val/loss 2.600" in text  # adamw b16's mean
+
+
+def test_two_model_sizes_at_one_batch_are_two_points_never_averaged(tmp_path):
+    """GPT-2 Small at two lrs and GPT-2 Medium at one, at batch 1024: two rows, each named by its
+    shape; Small's best lr is its own, Medium's value its own."""
+    for name, n_layer, lr, final in (("small_a", 12, 6e-4, 3.47), ("small_b", 12, 3e-4, 3.50),
+                                     ("medium", 24, 3e-4, 3.17)):
+        write_run(tmp_path / name, "adamw", 1024, lr, 0, final)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, "n_layer": n_layer}))
+    text = report(find_runs([tmp_path]), target=None)
+    assert "2 points" in text
+    assert f"| adamw, n_layer=12 | {_cell([3.47], 6e-4, edge=True)} |" in text
+    assert f"| adamw, n_layer=24 | {_cell([3.17], 3e-4, edge=True)} |" in text
+    assert "3.335" not in text  # the mean of Medium and a Small run
+
+
+def test_an_lr_with_a_diverged_seed_is_never_selected(tmp_path):
+    """lr 1e-2: seed 0 ends at 1.5, seed 1 diverged; lr 3e-3: both seeds finish at 1.9. The
+    survivor's 1.5 would win; the lr is out: 3e-3 is selected, and the report says why."""
+    write_run(tmp_path / "a0", "adamw", 4, 1e-2, 0, 1.5)
+    write_run(tmp_path / "a1", "adamw", 4, 1e-2, 1, 1.4, diverged_at=20)
+    for seed in (0, 1):
+        write_run(tmp_path / f"b{seed}", "adamw", 4, 3e-3, seed, 1.9)
+    text = report(find_runs([tmp_path]), target=None)
+    assert f"| adamw | {_cell([1.9, 1.9], 3e-3, edge=True)} |" in text
+    assert "| adamw | 4 | 0.01 | 1.500 | 1 of 2 |" in text
+
+
+def test_a_merit_ablation_is_never_merit(study):
+    from study.runs import Study
+    best = Study(find_runs([study])).best()
+    assert {label for label, _ in best} == {"adamw", "merit", "merit (maxLAMB)"}
+    assert all(s.runs[0].optimizer_label == label for (label, _), s in best.items())
+    assert [r.name for r in best[("merit (maxLAMB)", 4)].runs] == ["maxlamb_b4"]
 
 
 @pytest.mark.slow  # matplotlib, every figure
@@ -115,7 +167,7 @@ def test_plot_writes_every_figure(study, tmp_path):
     assert result.returncode == 0 and "12 runs ->" in result.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == ["attn_entropy.png", "max_logit.png", "max_logit_heads.png", "merit_diagnostics.png",
-                     "noise_scale.png", "scaling.png", "val_loss.png"]
+                     "noise_scale.png", "peak_logit.png", "scaling.png", "val_loss.png"]
     for path in out.iterdir():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     # The per-layer averages behind the diagnostics figure.
