@@ -124,7 +124,14 @@ class Trainer:
                                         world_size=self.ctx.world_size, seed=config.data_seed, **loader_options)
         self.val_loader = TokenLoader(config.data_dir, "val", config.micro_batch_size, block, rank=self.ctx.rank,
                                       world_size=self.ctx.world_size, **loader_options)
-        self.val_steps = max(1, config.val_tokens // (config.micro_batch_size * block * self.ctx.world_size))
+        tokens_per_val_step = config.micro_batch_size * block * self.ctx.world_size
+        self.val_steps = max(1, config.val_tokens // tokens_per_val_step)
+        self.heldout_steps = config.heldout_tokens // tokens_per_val_step
+        needed = (self.val_steps + self.heldout_steps) * tokens_per_val_step + 1
+        if self.heldout_steps and self.val_loader.split_tokens < needed:
+            raise ValueError(f"heldout_tokens={config.heldout_tokens:,} after val_tokens={config.val_tokens:,} needs "
+                             f"{needed:,} validation tokens, but the 'val' split of {config.data_dir} has "
+                             f"{self.val_loader.split_tokens:,}: lower heldout_tokens or val_tokens")
         # A fixed batch for the probe (attention logits and entropies): the first validation sequences.
         probe_tokens = config.probe_batch_size * block + 1
         if self.val_loader.split_tokens < probe_tokens:
@@ -192,7 +199,7 @@ class Trainer:
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
         first_step = self.step
         if self.step == 0:
-            self.log({"val/loss": self.validation_loss()})  # the starting point of the loss curve
+            self.log(self.validation())  # the starting point of the loss curve
         while self.step < last_step:
             log_step = (self.step + 1) % config.log_interval == 0 or self.step + 1 == self.total_steps
             loss, finite = self.train_step(log_step)
@@ -218,7 +225,7 @@ class Trainer:
                 self.log_train(self.loss_window.pop_mean(), interval_steps, elapsed, progress)
                 interval_start, interval_steps = time.perf_counter(), 0
             if self.step % config.eval_interval == 0 or final:
-                self.log({"val/loss": self.validation_loss()})
+                self.log(self.validation())
             # Ranks agree on a SIGTERM at log steps only: the agreement is a host sync.
             stop = log_step and distributed.any_rank(self.stop_signal is not None, ctx)
             interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
@@ -365,17 +372,26 @@ class Trainer:
         progress.set_postfix(loss=f"{loss:.4f}", max_logit=f"{max(v for k, v in probed.items() if is_layer_key(k, 'max_logit')):.1f}")
         self.log(record)
 
-    @torch.no_grad()
-    def validation_loss(self) -> float:
-        self.model.eval()
+    def validation(self) -> dict[str, float]:
+        """``val/loss`` on the first val_tokens of the val split, and ``heldout/loss`` on the
+        heldout_tokens after them where there are any."""
         self.val_loader.reset()
+        losses = {"val/loss": self.mean_loss(self.val_steps)}
+        if self.heldout_steps:
+            losses["heldout/loss"] = self.mean_loss(self.heldout_steps)  # (the loader goes on where val ended)
+        return losses
+
+    @torch.no_grad()
+    def mean_loss(self, steps: int) -> float:
+        """The mean loss of the model over the val loader's next ``steps`` global micro-batches."""
+        self.model.eval()
         total = torch.zeros((), device=self.device)
-        for _ in range(self.val_steps):
+        for _ in range(steps):
             x, y = (t.to(self.device) for t in self.val_loader.next_batch())
             with self.autocast:
                 total += self.model(x, y)[1].float()
         self.model.train()
-        return distributed.all_reduce_mean(total / self.val_steps, self.ctx).item()
+        return distributed.all_reduce_mean(total / steps, self.ctx).item()
 
     def log(self, record: dict):
         if self.ctx.is_main:
@@ -384,7 +400,7 @@ class Trainer:
             self.latest.update(record)
             # The console gets the run-level numbers; per-parameter series go to the logs only.
             tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-                                if "/" not in k or k.startswith(("train/", "val/", "zero_shot/"))))
+                                if "/" not in k or k.startswith(("train/", "val/", "heldout/", "zero_shot/"))))
             if any(is_layer_key(k, "max_logit") for k in record):
                 tqdm.write("  max attention logit per layer: " + " ".join(
                     f"{record[k]:.2f}" for k in sorted(record) if is_layer_key(k, "max_logit")))

@@ -97,6 +97,9 @@ class TrainConfig:
     log_interval: int = 10  # steps between metric lines (loss, lr, grad norm, speed, max logits)
     eval_interval: int = 100  # steps between validation losses (and at the end)
     val_tokens: int = 65536  # validation budget per evaluation, in tokens over all ranks
+    # Validation tokens after those, evaluated with them and logged as heldout/loss: a study picks
+    # each point's lr on val/loss and reports heldout/loss, which the choice never saw; 0: none
+    heldout_tokens: int = 0
     probe_batch_size: int = 4  # validation sequences on which attention logits and entropies are measured
     noise_scale_ema: float = 0.95  # the gradient noise scale's EMA over log steps (each estimate is noisy)
     checkpoint_interval: int = 0  # steps between checkpoints; 0: only at the end
@@ -158,7 +161,7 @@ class TrainConfig:
         for key in ("probe_batch_size", "val_tokens", "max_skipped_steps", "keep_checkpoints"):
             _check(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
         for key in ("checkpoint_interval", "stop_at_step", "sample_tokens", "grad_clip",
-                    "permanent_checkpoint_interval"):
+                    "permanent_checkpoint_interval", "heldout_tokens"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
         _check(self.z_loss >= 0, f"z_loss={self.z_loss} must be >= 0 (0 turns it off; PaLM used 1e-4)")
         _check(self.qk_clip_tau is None or self.qk_clip_tau > 0,

@@ -8,25 +8,40 @@ paper's global batches (480, 1k, 2k, 4k, 6k, 8k sequences of 1024 tokens); MERIT
 ablations (maxLAMB, l2 norms, no element-wise clip, no weight-wise lower bound) at GPT-2 Small
 batch 1k; the QK-Norm baseline (AdamW, LayerNorm on each head's q and k) for GPT-2 Small at
 every batch; Muon and MuonClip (Muon with QK-Clip at tau 100, Kimi K2's) at every size and batch;
+AdamW, LAMB and MERIT for GPT-2 Medium over 48B tokens at every batch (the paper's headline);
 AdamW and MERIT with QK-Clip (tau 100) for GPT-2 Small at every batch: with MERIT, QK-Norm and
 z-loss (``--z_loss=1e-4`` on any point), the cures of runaway attention logits side by side.
 Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
 what differs, so a user opens, edits or copies one point.
 
-What each point sets, and why:
+What each point sets, and why (every value checked against its source; where this project
+chose, it says so):
 * tokens: 20 per parameter (the paper's "Chinchilla" budget for its main table: 2.48B / 7.1B /
-  15.48B); the GPT-2 Medium batch-scaling study runs 48B (``--max_tokens=48_000_000_000``).
-* warmup: 2% of the tokens (the 2,000 of 100,000 steps of the GPT-2 scripts the paper builds on),
-  then cosine to min_lr; gradient clipping 1.0 (inherited).
-* lr: each optimizer's published GPT-2 peak lr for the model size (AdamW 6e-4 / 3e-4 / 2e-4, Lion
-  1e-4 / 1e-4 / 8e-5, Sophia-G 6e-4 / 7e-4 / 3e-4, MERIT and LAMB 2e-4, the MERIT authors'
-  default; Muon AdamW's, which its published recipe, Moonlight's lr rule "match_rms_adamw", is
-  made to reuse), min_lr AdamW's published 3e-5 / 6e-5 / 1e-5 (Muon's too) and lr / 10 for the
-  others. These were
-  published for batch 480; the paper tunes every optimizer's lr per batch by grid search, which a
-  study should do too (an lr grid per point).
+  15.48B). The paper's batch-scaling headline (GPT-2 Medium at batch 6k matching batch 480) runs
+  48B tokens: ``gpt2_medium_{adamw,lamb,merit}_48b_b*.py``, with their own warmup.
+* warmup: this project's choice, in steps, set as ``warmup_steps`` so that a sweep can take it as
+  an axis (``--grid warmup_steps=30,300,2000``): 2% of the steps, the share of the source's 2,000
+  of 100,000 (the GPT-2 scripts of Sophia and nanoGPT use a fixed 2,000 steps, which at batch 8k
+  would be most of a 20-tokens-per-parameter run), but never fewer than ``WARMUP_FLOOR`` = 30
+  steps: 1 / (1 - beta2) = 20 steps is Adam's second-moment timescale, and Sophia-G's first
+  Hessian estimate comes at step 10, its steps before it being sign steps, so a warmup of 30 holds
+  the lr low for the first three estimates. (At batch 480 over 48B tokens, 2% is 1,953 steps: the
+  source's 2,000.)
+* then cosine to min_lr; gradient clipping 1.0, no dropout, no biases, GPT-2 Medium and Large with
+  the inverse-layer logit scaling (inherited from configs/gpt2_*_owt.py, as the source has them).
+* lr: each optimizer's published GPT-2 peak lr for the model size, for batch 480 (the paper
+  grid-searches every optimizer's lr per batch: a study should too, an lr grid per point):
+  AdamW 6e-4 / 3e-4 / 2e-4 and Sophia-G 6e-4 / 7e-4 / 3e-4 (Sophia's config/train_gpt2_*.py),
+  Lion 1e-4 / 1e-4 / 8e-5 (the Lion authors' GPT-2 guidance), MERIT and LAMB 2e-4 at every size
+  (the MERIT authors' default; the paper gives no per-size value), Muon AdamW's (its published
+  recipe, Moonlight's lr rule "match_rms_adamw", is made to reuse AdamW's lr).
+* min_lr: the source's where it has one: AdamW 3e-5 / 6e-5 / 1e-5 (Muon the same), Sophia-G 1.5e-5
+  / 1e-5 / 1e-5 (Sophia's configs: 1/40, 1/70 and 1/30 of the peak); for Lion, LAMB and MERIT,
+  which publish none, this project's lr / 10.
 * every other optimizer hyper-parameter is left unset: the optimizer's published GPT-2 value
-  applies (optim/published.py), except Sophia-G's rho 0.08 for GPT-2 Medium.
+  applies (optim/published.py), except Sophia-G's rho 0.08 for GPT-2 Medium (its config).
+  Weight decay falls on matrices only, as in the nanoGPT and Sophia scripts; the MERIT authors'
+  code decays every parameter (docs/optimizers.md says what that changes).
 * micro_batch_size: the base config's for batch 480; for the power-of-two batches one that,
   times 8 GPUs, divides them (16 / 8 / 4 sequences for Small / Medium / Large).
 """
@@ -51,7 +66,7 @@ LR = {  # optimizer: peak lr for small, medium, large
     "sophiag": (6e-4, 7e-4, 3e-4),
     "muon": (6e-4, 3e-4, 2e-4),
 }
-ADAMW_MIN_LR = (3e-5, 6e-5, 1e-5)
+MIN_LR = {"adamw": (3e-5, 6e-5, 1e-5), "muon": (3e-5, 6e-5, 1e-5), "sophiag": (1.5e-5, 1e-5, 1e-5)}
 QK_CLIP_TAU = 100.0  # Kimi K2's
 SOPHIA_RHO = {"medium": 0.08}  # elsewhere the published default, 0.05
 ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
@@ -61,7 +76,11 @@ ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
     "no_lower_bound": {"weightwise_lower_bound": False},
 }
 TOKENS_PER_PARAMETER = 20
+SCALING_TOKENS = 48_000_000_000  # GPT-2 Medium's batch-scaling runs
+SCALING_OPTIMIZERS = ("adamw", "lamb", "merit")
 WARMUP_FRACTION = 0.02
+WARMUP_FLOOR = 30
+BLOCK = 1024
 
 
 def points() -> dict[str, dict]:
@@ -71,9 +90,10 @@ def points() -> dict[str, dict]:
         i = list(MODELS).index(size)
         for optimizer, lrs in LR.items():
             for label, batch in BATCHES.items():
-                point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch, "params": params,
-                         "micro": None if batch == 480 else micro, "lr": lrs[i],
-                         "min_lr": ADAMW_MIN_LR[i] if optimizer in ("adamw", "muon") else lrs[i] / 10, "options": {}}
+                point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch,
+                         "tokens": int(TOKENS_PER_PARAMETER * params), "micro": None if batch == 480 else micro,
+                         "lr": lrs[i], "min_lr": MIN_LR[optimizer][i] if optimizer in MIN_LR else lrs[i] / 10,
+                         "options": {}}
                 if optimizer == "sophiag" and size in SOPHIA_RHO:
                     point["options"] = {"rho": SOPHIA_RHO[size]}
                 out[f"gpt2_{size}_{optimizer}_b{label}"] = point
@@ -87,16 +107,26 @@ def points() -> dict[str, dict]:
         for optimizer in ("adamw", "merit"):
             out[f"gpt2_small_{optimizer}_qkclip_b{label}"] = {**out[f"gpt2_small_{optimizer}_b{label}"],
                                                               "qk_clip_tau": QK_CLIP_TAU}
+        for optimizer in SCALING_OPTIMIZERS:
+            out[f"gpt2_medium_{optimizer}_48b_b{label}"] = {**out[f"gpt2_medium_{optimizer}_b{label}"],
+                                                            "tokens": SCALING_TOKENS}
     return out
 
 
+def warmup_steps(tokens: int, batch: int) -> int:
+    """2% of the run's steps, at least WARMUP_FLOOR (the module docstring says why)."""
+    return max(WARMUP_FLOOR, round(WARMUP_FRACTION * tokens / (batch * BLOCK)))
+
+
 def render(stem: str, point: dict) -> str:
-    tokens = int(TOKENS_PER_PARAMETER * point["params"])
+    tokens = point["tokens"]
     what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
     if "ablation" in point:
         what += f" ablation {point['ablation']}"
     if "qk_norm" in point:
         what += " with QK-Norm"
+    if point["tokens"] == SCALING_TOKENS:
+        what += ", the batch-scaling study's 48B tokens"
     if "qk_clip_tau" in point:
         what += f" with QK-Clip (tau {point['qk_clip_tau']:g}{': MuonClip' if point['optimizer'] == 'muon' else ''})"
     lines = [f"# The MERIT paper's study: {what}, global batch {point['batch']} x 1024 tokens.",
@@ -108,10 +138,12 @@ def render(stem: str, point: dict) -> str:
              f"batch_size = {point['batch']}"]
     if point["micro"] is not None:
         lines.append(f"micro_batch_size = {point['micro']}  # x 8 GPUs divides batch_size")
+    budget = ("the batch-scaling study's 48B" if tokens == SCALING_TOKENS else
+              f"{TOKENS_PER_PARAMETER} tokens per parameter")
     lines += ["max_steps = 0",
-              f"max_tokens = {tokens:_}  # {TOKENS_PER_PARAMETER} tokens per parameter",
-              "warmup_steps = 0",
-              f"warmup_tokens = {int(WARMUP_FRACTION * tokens):_}  # {WARMUP_FRACTION:.0%} of the tokens",
+              f"max_tokens = {tokens:_}  # {budget}",
+              f"warmup_steps = {warmup_steps(tokens, point['batch']):_}  # {WARMUP_FRACTION:.0%} of the steps, "
+              f"at least {WARMUP_FLOOR} (a sweep axis: --grid warmup_steps=...)",
               f"lr = {point['lr']:g}  # published for batch 480; the paper grid-searches it per batch",
               f"min_lr = {point['min_lr']:g}"]
     if point["options"]:

@@ -1,18 +1,25 @@
 """The study's tables (markdown) from run folders, like the paper's.
 
     python -m scripts.report sweeps/merit-batch --target 3.3 --out report.md
+    python -m scripts.report runs/mini_study --report-on heldout/loss   # lrs chosen on val/loss
 
-Tables, per optimizer (its ablation / QK-Norm marked) and batch size, each point at the lr with
-the lowest mean final validation loss over seeds (the full lr grid is its own table):
-* final validation loss, mean +- std over seeds, with that lr;
-* the whole lr grid: final validation loss per lr;
-* the max attention logit per layer: its peak over training and its final value (mean over seeds);
-* steps and tokens to reach ``--target`` validation loss (default: the highest of the points'
-  best final losses, so that every point has a value), mean over seeds;
-* zero-shot scores (the final ``zero_shot/<task>/<metric>`` values), when the runs logged them;
+Runs are grouped into points (study/runs.py): every config key but the lr and the seeds, named
+by what varies across the runs (the optimizer, its ablation, QK-Norm or QK-Clip, and any other
+key: "adamw, n_layer=24"); runs of different points are never averaged. Each point's lr is the
+one with the lowest mean final ``--select-on`` (default val/loss) among the lrs all of whose
+seeds finished; an lr on the grid's edge is flagged. The numbers come from ``--report-on``
+(default the same; heldout/loss, train.py's held-out validation tokens, keeps the choice of lr
+from flattering them). Cells are mean ± std [±95% t-interval half-width] over seeds. Tables:
+* the final loss per point and batch, at the selected lr;
+* against AdamW: each point minus AdamW at the same batch and other keys, paired by seed (the
+  difference's mean and 95% interval), and minus AdamW's mean at its smallest batch (the paper's Δ);
+* the whole lr grid: the final loss of every lr, the seeds that finished, the peak and final max
+  attention logit (the largest layer), diverged lrs included;
+* the max attention logit per layer at the selected lr: its peak and final values;
+* steps and tokens to reach ``--target`` (default: the highest of the points' best final losses,
+  so that every point has a value), interpolated between evaluations;
+* zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
 * the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present.
-A note under the loss table names the optimizers at the same batch whose mean +- std intervals
-overlap: with these seeds their difference is not significant.
 """
 import argparse
 import sys
@@ -26,13 +33,15 @@ from study.runs import find_runs
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run folders, sweep folders or folders above them")
-    parser.add_argument("--target", type=float, help="the validation loss to reach (default: see above)")
+    parser.add_argument("--target", type=float, help="the loss to reach (default: see above)")
+    parser.add_argument("--select-on", default="val/loss", help="the metric each point's lr is chosen on")
+    parser.add_argument("--report-on", help="the metric the tables report (default: --select-on)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
-    runs = [r for r in find_runs(args.paths) if r.final("val/loss") is not None]
+    runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
     if not runs:
         sys.exit(f"report: no run folders with a validation loss under {', '.join(map(str, args.paths))}")
-    text = report(runs, args.target)
+    text = report(runs, args.target, args.select_on, args.report_on)
     print(text, end="")
     if args.out:
         with atomic_write(args.out, "w") as f:

@@ -32,7 +32,7 @@ BOOKKEEPING = frozenset({
     "keep_checkpoints", "permanent_checkpoint_interval", "stop_at_step", "sample_tokens", "wandb_mode",
     "wandb_project", "wandb_entity", "wandb_group", "zero_shot_tasks", "zero_shot_interval", "zero_shot_data_dir",
     "zero_shot_limit", "device", "compile", "zero_stage", "fsdp", "optim_backend", "peak_flops", "noise_scale_ema",
-    "probe_batch_size", "nonfinite", "max_skipped_steps", "micro_batch_size"})
+    "probe_batch_size", "nonfinite", "max_skipped_steps", "micro_batch_size", "heldout_tokens"})
 # What varies within a point.
 LR_KEYS, SEED_KEYS = ("lr", "min_lr"), ("seed", "data_seed")
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).

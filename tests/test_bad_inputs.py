@@ -57,6 +57,10 @@ CASES = {
                                        r"use fsdp=True"),
     "fsdp and zero-1": (["--fsdp", "--zero_stage=1"], r"fsdp=True already shards the optimizer state .*set "
                                                       r"zero_stage=0 with it"),
+    "heldout beyond the val split": (["--heldout_tokens=100000000"], r"heldout_tokens=100,000,000 after "
+                                     r"val_tokens=512 needs .* validation tokens, but the 'val' split of .* lower "
+                                     r"heldout_tokens or val_tokens"),
+    "heldout negative": (["--heldout_tokens=-5"], r"heldout_tokens=-5 must be >= 0"),
     "qk_clip_tau zero": (["--qk_clip_tau=0"], r"qk_clip_tau=0.0 must be > 0 .*Kimi K2 used 100.* or None \(off\)"),
     "qk_clip with qk_norm": (["--qk_clip_tau=100", "--qk_norm=layernorm"], r"qk_clip_tau with qk_norm='layernorm': "
                              r".*no head can be clipped alone.*use one of the two"),

@@ -27,6 +27,7 @@ HYPER = {  # betas, weight decay, eps (None: the optimizer has none)
     "adamw": ((0.9, 0.95), 0.1, 1e-8), "merit": ((0.9, 0.95), 1e-2, 1e-6), "lamb": ((0.9, 0.95), 1e-2, 1e-6),
     "lion": ((0.9, 0.99), 1.0, None), "sophiag": ((0.965, 0.99), 0.2, 1e-15), "muon": ((0.9, 0.95), 0.1, 1e-8),
 }
+MIN_LR = {"adamw": (3e-5, 6e-5, 1e-5), "muon": (3e-5, 6e-5, 1e-5), "sophiag": (1.5e-5, 1e-5, 1e-5)}
 ABLATION = {"maxlamb": {"maxlamb": True}, "l2": {"norm": "l2"}, "no_clip": {"elementwise_clip": False},
             "no_lower_bound": {"weightwise_lower_bound": False}}
 
@@ -37,7 +38,8 @@ def test_the_files_are_what_the_generator_writes():
     assert result.returncode == 0, result.stderr
     # 3 sizes x 6 optimizers (MuonClip one) x 6 batches, MERIT's 4 ablations, AdamW with QK-Norm and
     # AdamW and MERIT with QK-Clip at GPT-2 Small's 6 batches.
-    assert len(FILES) == 3 * 7 * 6 + 4 + 3 * 6 and f"{len(FILES)} files, as written" in result.stdout
+    # GPT-2 Medium over 48B tokens with AdamW, LAMB and MERIT at the 6 batches.
+    assert len(FILES) == 3 * 7 * 6 + 4 + 3 * 6 + 3 * 6 and f"{len(FILES)} files, as written" in result.stdout
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
@@ -48,10 +50,15 @@ def test_every_point_resolves_to_the_published_settings(path):
     resolved = resolve_config(config).config
     index = list(PARAMETERS).index(size)
     assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH[batch])
-    assert config.max_tokens == 20 * PARAMETERS[size] and config.warmup_tokens == 0.02 * config.max_tokens
+    scaling = variant == "48b"
+    assert config.max_tokens == (48e9 if scaling else 20 * PARAMETERS[size])
+    assert not scaling or (size, optimizer) in (("medium", "adamw"), ("medium", "lamb"), ("medium", "merit"))
+    # Warmup: 2% of the steps, at least 30 (Adam's beta2 timescale, Sophia-G's first Hessian estimates).
+    steps = config.max_tokens / (BATCH[batch] * 1024)
+    assert config.warmup_tokens == 0 and config.warmup_steps == max(30, round(0.02 * steps))
     assert config.lr == PEAK_LR[optimizer][index]
-    assert config.min_lr == pytest.approx((3e-5, 6e-5, 1e-5)[index] if optimizer in ("adamw", "muon")
-                                          else config.lr / 10)
+    # min_lr: the sources' (AdamW's and Sophia-G's configs; Muon AdamW's), lr / 10 where none is published.
+    assert config.min_lr == pytest.approx(MIN_LR[optimizer][index] if optimizer in MIN_LR else config.lr / 10)
     betas, weight_decay, eps = HYPER[optimizer]
     assert ((resolved.beta1, resolved.beta2), resolved.weight_decay, resolved.eps) == (betas, weight_decay, eps)
     options = resolved.optimizer_options
@@ -61,7 +68,7 @@ def test_every_point_resolves_to_the_published_settings(path):
         expected = {"maxlamb": False, "norm": "max", "elementwise_clip": True, "weightwise_lower_bound": True,
                     **ABLATION.get(variant, {})}
         assert {k: options[k] for k in expected} == expected
-        assert variant in (None, "qkclip") or (size, batch) == ("small", "1k")
+        assert variant in (None, "qkclip", "48b") or (size, batch) == ("small", "1k")
     if optimizer == "muon":
         assert options["adjust_lr"] == "match_rms_adamw" and options["momentum"] == 0.95 and options["nesterov"]
     assert config.qk_norm == ("layernorm" if variant == "qknorm" else None)

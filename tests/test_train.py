@@ -210,6 +210,29 @@ def test_validation_loss_falls(byte_shards, tmp_path):
     assert all(r["max_logit/layer_00"] > 0 for r in logits)
 
 
+def test_heldout_loss_is_the_model_s_loss_on_the_val_tokens_after_val_tokens(byte_shards, tmp_path):
+    """val/loss on the first 512 val tokens, heldout/loss on the 1024 after them: both against the
+    final checkpoint's losses computed here from the val shard's tokens."""
+    from data.shards import open_shard
+    from training.checkpoint import load_model
+    train_here(*args(byte_shards, tmp_path, "--max_steps=6", "--batch_size=4", "--micro_batch_size=2",
+                     "--heldout_tokens=1024"))
+    final = read_metrics(tmp_path / "default")[-1]
+    model, _ = load_model(tmp_path / "default" / CHECKPOINT_NAME)
+    tokens = torch.from_numpy(open_shard(byte_shards / "val_000000.bin").astype("int64"))
+
+    def mean_loss(start: int, micro_batches: int) -> float:  # micro-batches of 2 x 32 tokens
+        losses = []
+        for i in range(micro_batches):
+            chunk = tokens[start + i * 64: start + i * 64 + 65]
+            losses.append(model(chunk[:-1].view(2, 32), chunk[1:].view(2, 32))[1].item())
+        return sum(losses) / len(losses)
+    with torch.no_grad():
+        assert final["val/loss"] == pytest.approx(mean_loss(0, 8), rel=1e-5)
+        assert final["heldout/loss"] == pytest.approx(mean_loss(512, 16), rel=1e-5)
+    assert all(("heldout/loss" in r) == ("val/loss" in r) for r in read_metrics(tmp_path / "default"))
+
+
 @pytest.mark.slow  # a real process, signalled
 def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     cmd = [sys.executable, str(ROOT / "train.py"), *args(byte_shards, tmp_path, "--max_steps=100000",

@@ -8,7 +8,6 @@ batch_size = 6144
 micro_batch_size = 4  # x 8 GPUs divides batch_size
 max_steps = 0
 max_tokens = 15_480_000_000  # 20 tokens per parameter
-warmup_steps = 0
-warmup_tokens = 309_600_000  # 2% of the tokens
+warmup_steps = 49  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
 lr = 0.0002  # published for batch 480; the paper grid-searches it per batch
 min_lr = 2e-05

@@ -7,7 +7,6 @@ optimizer = "lion"
 batch_size = 480
 max_steps = 0
 max_tokens = 15_480_000_000  # 20 tokens per parameter
-warmup_steps = 0
-warmup_tokens = 309_600_000  # 2% of the tokens
+warmup_steps = 630  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
 lr = 8e-05  # published for batch 480; the paper grid-searches it per batch
 min_lr = 8e-06

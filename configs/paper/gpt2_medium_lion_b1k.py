@@ -8,7 +8,6 @@ batch_size = 1024
 micro_batch_size = 8  # x 8 GPUs divides batch_size
 max_steps = 0
 max_tokens = 7_100_000_000  # 20 tokens per parameter
-warmup_steps = 0
-warmup_tokens = 142_000_000  # 2% of the tokens
+warmup_steps = 135  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
 lr = 0.0001  # published for batch 480; the paper grid-searches it per batch
 min_lr = 1e-05

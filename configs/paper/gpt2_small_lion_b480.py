@@ -7,7 +7,6 @@ optimizer = "lion"
 batch_size = 480
 max_steps = 0
 max_tokens = 2_480_000_000  # 20 tokens per parameter
-warmup_steps = 0
-warmup_tokens = 49_600_000  # 2% of the tokens
+warmup_steps = 101  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
 lr = 0.0001  # published for batch 480; the paper grid-searches it per batch
 min_lr = 1e-05

@@ -8,8 +8,7 @@ batch_size = 6144
 micro_batch_size = 16  # x 8 GPUs divides batch_size
 max_steps = 0
 max_tokens = 2_480_000_000  # 20 tokens per parameter
-warmup_steps = 0
-warmup_tokens = 49_600_000  # 2% of the tokens
+warmup_steps = 30  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
 lr = 0.0002  # published for batch 480; the paper grid-searches it per batch
 min_lr = 2e-05
 qk_clip_tau = 100  # Kimi K2's
