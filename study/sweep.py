@@ -201,7 +201,7 @@ POINTS=(
 )
 CONFIG=${{POINTS[$SLURM_ARRAY_TASK_ID]}}
 # The rendezvous: torchrun's c10d store on the task's first node, one port per array task.
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)  # (sed: head would SIGPIPE scontrol)
 PORT=$((29500 + SLURM_ARRAY_TASK_ID % 10000))
 
 # Preemption or the time limit: SLURM sends USR1 {grace} s ahead; the ranks get SIGTERM, agree at
