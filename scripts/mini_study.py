@@ -1,24 +1,33 @@
-"""The MERIT paper's mechanism on a CPU, end to end: a small GPT on Shakespeare at a batch large
-for it, AdamW, LAMB, MERIT and maxLAMB each on its own lr grid, several seeds, one token budget.
+"""The MERIT paper's question on a CPU: what happens to each optimizer as the global batch grows at a
+fixed token budget, below and above the model's critical batch.
 
-    python -m scripts.mini_study                    # the full study: about 30 minutes on 2 cores
-    python -m scripts.mini_study --out runs/mini --seeds 3 --optimizers adamw,merit
+    python -m scripts.mini_study                          # the study: about 50 minutes on 2 cores
+    python -m scripts.mini_study --archive docs/mini_study/runs.tar.xz   # and pack what it read
+    python -m scripts.mini_study --batches 16,256 --optimizers adamw,merit --seeds 2   # a smaller one
 
-Writes OUT/ (default runs/mini_study): a sweep folder per optimizer (scripts/sweep.py's point
-folders: point.py, metrics, checkpoint), ``report.md`` (scripts/report.py's tables over every
-run, the full lr grid included) and ``figures/`` (scripts/plot.py's PNGs). Rerunning skips the
-finished runs and resumes interrupted ones. The Shakespeare byte shards are prepared if missing.
+A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
+global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
+with QK-Clip (``EXTRAS``). Two stages, each point's lr found before its seeds are run:
 
-The setup (``BASE`` below): a 4-layer, 64-dim GPT (0.2M parameters) with 64-token context, a
-global batch of 128 sequences (8,192 tokens: large for a model this size), 4 warmup steps then
-cosine to lr / 10, clipping at 1.0, ~1.2M training tokens (one pass over the text). The lr grids
-are factor-of-3 grids over two orders of magnitude, centred differently because the optimizers'
-lrs mean different things: AdamW's step is about lr per element, LAMB's and MERIT's about lr
-relative to each weight's scale.
+1. the lr, seed 0: a factor-of-3 grid of three lrs around the optimizer's centre, scaled from
+   REFERENCE_BATCH by the square root of the batch ratio; while a point's best lr is on its grid's
+   edge, the grid grows by one lr beyond that edge (at most ``--extend`` times), so the best lies
+   inside it or the report says it does not;
+2. the seeds: seeds 1 .. ``--seeds`` - 1 (init and data order both) at each point's best lr.
+
+Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
+checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
+number read on heldout/loss, validation tokens the choice never saw) and ``figures/``
+(scripts/plot.py's PNGs: the loss and peak logit against the batch, B_simple over training against
+the batches, ...). ``--archive`` also packs every run's config.json and metrics.jsonl into one
+xz-compressed tar, from which ``python -m scripts.report`` and ``python -m scripts.plot`` draw the
+same tables and figures without the runs. Rerunning skips finished runs and resumes interrupted
+ones. The Shakespeare byte shards are prepared if missing.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import time
@@ -28,47 +37,108 @@ from atomic import atomic_write
 from study import sweep
 from study.plot import draw_all
 from study.report import report
-from study.runs import find_runs
+from study.runs import Study, find_runs, pack_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = "cache/data/shakespeare-byte"
+BLOCK = 64
+TOKENS = 1_048_576  # 16 x 65,536: every batch below divides it
 BASE = {
     "data_dir": DATA, "tokenizer": "byte",
-    "model": "nano", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": 64, "dropout": 0.0,
-    "batch_size": 128, "micro_batch_size": 64, "max_tokens": 1_228_800, "warmup_steps": 4,
+    "model": "nano", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": BLOCK, "dropout": 0.0,
     "lr_schedule": "cosine", "grad_clip": 1.0,
-    "log_interval": 5, "eval_interval": 25, "val_tokens": 65_536, "probe_batch_size": 8, "sample_tokens": 0,
+    "val_tokens": 16_384, "heldout_tokens": 32_768, "probe_batch_size": 8, "sample_tokens": 0,
 }
-OPTIMIZERS = {  # name: (config changes, lr grid)
-    "adamw": ({"optimizer": "adamw"}, [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]),
-    "lamb": ({"optimizer": "lamb"}, [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
-    "merit": ({"optimizer": "merit"}, [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
-    "maxlamb": ({"optimizer": "merit", "optimizer_options": {"maxlamb": True}}, [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
+BATCHES = (8, 32, 128, 512)  # global batches in sequences of BLOCK tokens
+REFERENCE_BATCH = 128  # where the centres below are the best lrs (the earlier one-batch study's)
+OPTIMIZERS = {  # name: (config changes, lr at REFERENCE_BATCH)
+    "adamw": ({"optimizer": "adamw"}, 3e-3),
+    "lamb": ({"optimizer": "lamb"}, 3e-2),
+    "merit": ({"optimizer": "merit"}, 3e-2),
+    "muon": ({"optimizer": "muon"}, 3e-3),  # Moonlight's rule: AdamW's lr
 }
+QK_CLIP_TAU = 10.0  # a small model's logits: 5 to 20 at good lrs, where Kimi K2's 100 would never act
+EXTRAS = {  # run at the largest batch only
+    "muonclip": ({"optimizer": "muon", "qk_clip_tau": QK_CLIP_TAU}, 3e-3),
+    "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": QK_CLIP_TAU}, 3e-3),
+}
+LR_FACTOR = 3.0
 
 
-def middle(values: list, count: int) -> list:
-    """The ``count`` values at the centre of the grid (all of them by default)."""
-    start = max(0, (len(values) - count) // 2)
-    return values[start:start + count]
+def schedule(batch: int, tokens: int, block: int) -> dict:
+    """What follows from the batch: two accumulation micro-steps (so the gradient noise scale is
+    measured), a warmup of 5% of the steps (at least 5), 8 evaluations and 16 log steps."""
+    steps = tokens // (batch * block)
+    return {"max_tokens": tokens, "batch_size": batch, "micro_batch_size": batch // 2, "warmup_steps": max(5, round(0.05 * steps)),
+            "eval_interval": max(1, steps // 8), "log_interval": max(1, steps // 16)}
+
+
+def lr_grid(centre: float, batch: int) -> list[float]:
+    lr = centre * math.sqrt(batch / REFERENCE_BATCH)
+    return [_round(lr / LR_FACTOR), _round(lr), _round(lr * LR_FACTOR)]
+
+
+def _round(lr: float) -> float:
+    return float(f"{lr:.3g}")
+
+
+class Studied:
+    """One optimizer at one batch: its sweep folder and the points run so far."""
+
+    def __init__(self, name: str, changes: dict, batch: int, out: Path, base: Path, overrides: list[str],
+                 tokens: int, block: int):
+        self.name, self.batch = name, batch
+        self.folder = out / name / f"b{batch}"
+        self.fixed = [*(f"--{k}={v!r}" for k, v in {**changes, **schedule(batch, tokens, block)}.items()), *overrides]
+        self.base = base
+        self.points: list[sweep.Point] = []
+
+    def add(self, lrs: list[float], seeds: list[int]) -> list[sweep.Point]:
+        """Plan (and write) the points of ``lrs`` x ``seeds`` not planned yet; a seed sets both the
+        initialisation and the data order."""
+        known = {p.name for p in self.points}
+        planned = [point for seed in seeds for point in sweep.plan(
+            str(self.base), {"lr": lrs, "seed": [seed]}, [*self.fixed, f"--data_seed={seed}"], self.folder, "none",
+            "none", None)]
+        new = [p for p in planned if p.name not in known]
+        sweep.write_points(new, str(self.base), "python -m scripts.mini_study")
+        self.points += new
+        return new
+
+    def state(self):
+        """(The best lr so far by Study's rule, or None if none of its lrs finished; every lr run.)"""
+        runs = find_runs([self.folder])
+        best = Study(runs).best() if runs else {}
+        return next(iter(best.values()), None), sorted({r.lr for r in runs})
+
+
+def run(points: list[sweep.Point], jobs: int) -> None:
+    if points:
+        sweep.launch_local(points, nproc=1, jobs=jobs)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/mini_study"))
-    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated, of: "
-                        + ", ".join(OPTIMIZERS))
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--lr-points", type=int, default=5, help="the central N points of each lr grid")
+    parser.add_argument("--optimizers", default=",".join([*OPTIMIZERS, *EXTRAS]),
+                        help=f"comma-separated, of: {', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the "
+                             f"largest batch only)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="global batches (sequences)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds at each point's best lr")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
+    parser.add_argument("--extend", type=int, default=1, help="times a grid may grow past an edge")
     parser.add_argument("--data-dir", default=DATA, help=f"byte-token shards (default {DATA}, prepared if missing)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, sharing the CPU threads (default 2)")
+    parser.add_argument("--archive", type=Path, help="also pack the runs' configs and metrics into this .tar.xz")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a change to the base config (e.g. max_tokens=...)")
+                        help="a change to the base config (e.g. n_layer=2)")
     args = parser.parse_args(argv)
+    known = {**OPTIMIZERS, **EXTRAS}
     names = args.optimizers.split(",")
-    unknown = [n for n in names if n not in OPTIMIZERS]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        sys.exit(f"mini_study: unknown optimizers {unknown}: choose from {', '.join(OPTIMIZERS)}")
+        sys.exit(f"mini_study: unknown optimizers {unknown}: choose from {', '.join(known)}")
+    batches = sorted(int(b) for b in args.batches.split(","))
     start = time.perf_counter()
     if args.data_dir == DATA and not (ROOT / DATA / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "data.prepare", "shakespeare", "--tokenizer", "byte"], cwd=ROOT,
@@ -79,27 +149,43 @@ def main(argv=None) -> None:
     base = out / "base.py"
     base.write_text("# The mini-study's base config (scripts/mini_study.py writes it).\n"
                     + "".join(f"{key} = {value!r}\n" for key, value in {**BASE, "data_dir": data_dir}.items()))
-    points = []
-    for name in names:
-        changes, lrs = OPTIMIZERS[name]
-        fixed = [*(f"--{k}={v!r}" for k, v in changes.items()), *(f"--{t}" for t in args.set)]
-        grid = {"lr": middle(lrs, args.lr_points), "seed": list(range(args.seeds))}
-        points += sweep.plan(str(base), grid, fixed, out / name, "none", "none", None)
-    print(f"mini-study: {len(points)} runs in {out}")
-    print(sweep.table(points))
-    sweep.write_points(points, str(base), "python -m scripts.mini_study")
-    sweep.launch_local(points, nproc=1, jobs=args.jobs)
-    runs = [run for run in find_runs([out]) if run.final("val/loss") is not None]
-    tables = report(runs, target=None)
+    overrides = [f"--{item}" for item in args.set]
+    block = int(dict(item.split("=", 1) for item in args.set).get("block_size", BLOCK))
+    studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block)
+               for name in names for batch in batches if name in OPTIMIZERS or batch == batches[-1]]
+
+    print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x {len(lr_grid(1, 1))} lrs")
+    run([p for s in studied for p in s.add(lr_grid(known[s.name][1], s.batch), [0])], args.jobs)
+    for round_ in range(args.extend):
+        grown = []
+        for s in studied:
+            selection, grid = s.state()
+            if selection is None or selection.lr == grid[0]:  # (none finished: below the lowest)
+                grown += s.add([_round(grid[0] / LR_FACTOR)], [0])
+            elif selection.lr == grid[-1]:
+                grown += s.add([_round(grid[-1] * LR_FACTOR)], [0])
+        if not grown:
+            break
+        print(f"mini-study stage 1, round {round_ + 2}: {len(grown)} grids grow past an edge")
+        run(grown, args.jobs)
+    seeds = list(range(1, args.seeds))
+    chosen = [(s, s.state()[0]) for s in studied]
+    print(f"mini-study stage 2: seeds {seeds} at each point's best lr")
+    run([p for s, selection in chosen if selection and seeds for p in s.add([selection.lr], seeds)], args.jobs)
+
+    runs = [r for r in find_runs([out]) if r.final("val/loss") is not None]
+    tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss")
     with atomic_write(out / "report.md", "w") as f:
         f.write(tables)
     print(tables, end="")
     draw_all(runs, out / "figures")
+    if args.archive:
+        pack_runs(runs, out, args.archive)
     minutes = (time.perf_counter() - start) / 60
     # A run that diverges (nonfinite="stop" ends it) is a result of the study, not a failure of it:
     # the report lists it, and a rerun tries it again.
     print(f"mini-study: {len(runs)} runs, {sum(not r.finished for r in runs)} did not finish, {minutes:.1f} "
-          f"minutes; {out / 'report.md'}, {out / 'figures'}")
+          f"minutes; {out / 'report.md'}, {out / 'figures'}" + (f", {args.archive}" if args.archive else ""))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ Warmup scaling (``--warmup-scaling``): the base config's warmup at the base batc
 the same number of steps at every batch (``steps``), as the same number of tokens (``tokens``:
 fewer steps at larger batches), or left as the config says (``none``).
 
-``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``; or
+``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``; one
+process runs train.py directly; or
 ``--jobs`` of them at once, for small CPU runs), each with ``--resume=auto``: a finished point (its metrics hold the final step) is skipped, an
 interrupted one resumes from its last checkpoint, a failed one is reported and the others go on.
 ``--launch slurm`` writes ``sweep.sbatch``, an array job (one task per point) running torchrun

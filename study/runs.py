@@ -17,12 +17,15 @@ seeds finished.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 import statistics
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atomic import atomic_write
 from configs import TrainConfig
 from training.instruments import is_layer_key
 
@@ -175,20 +178,24 @@ class Study:
 
     def __init__(self, runs: list[Run], select_on: str = "val/loss"):
         self.runs, self.select_on = runs, select_on
-        values: dict[str, set] = {}
-        for run in runs:
-            for key, value in run.point:
-                values.setdefault(key, set()).add(value)
-        keys = {key for run in runs for key, _ in run.point}
-        # A key differs between points if it takes two values, or is missing from some.
-        self.varying = sorted(key for key in keys if len(values[key]) > 1
-                              or any(key not in dict(run.point) for run in runs))
+        # A key differs between points if it takes two values, or is missing from some; an
+        # optimizer's option is compared among the runs of that optimizer only (each has its own).
+        self.varying: dict[str | None, list[str]] = {}  # {optimizer (None: every run): keys}
+        for optimizer in {None, *(run.config["optimizer"] for run in runs)}:
+            members = [r for r in runs if optimizer in (None, r.config["optimizer"])]
+            values: dict[str, set] = {}
+            for run in members:
+                for key, value in run.point:
+                    values.setdefault(key, set()).add(value)
+            self.varying[optimizer] = sorted(
+                key for key in values if (key.startswith("optimizer_options.") == (optimizer is not None))
+                and (len(values[key]) > 1 or any(key not in dict(run.point) for run in members)))
 
     def label(self, run: Run) -> str:
         """The run's point without its batch: the optimizer, then every other key that varies."""
         point = dict(run.point)
-        rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in self.varying
-                if key not in LABELLED]
+        keys = [*self.varying[None], *self.varying[run.config["optimizer"]]]
+        rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in keys if key not in LABELLED]
         return ", ".join([run.optimizer_label, *rest])
 
     def points(self) -> dict[tuple[str, int], dict[float, list[Run]]]:
@@ -246,10 +253,12 @@ def paired(a: list[Run], b: list[Run], key: str) -> Summary:
 
 def read_records(path: Path) -> list[dict]:
     """The records of a metrics.jsonl ([] if there is none yet), a torn last line (a killed run's) left out."""
-    if not path.is_file():
-        return []
+    return parse_records(path.read_text()) if path.is_file() else []
+
+
+def parse_records(text: str) -> list[dict]:
     records = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
@@ -257,16 +266,57 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
+# What a run folder holds that the study reads: all an archive of runs keeps.
+RUN_FILES = ("config.json", "metrics.jsonl", "hessian.json")
+
+
 def find_runs(paths: list[Path]) -> list[Run]:
-    """Every run folder (one with config.json and metrics.jsonl) at or under ``paths``."""
-    folders = sorted({m.parent for path in map(Path, paths)
-                      for m in ([path / "metrics.jsonl"] if (path / "metrics.jsonl").is_file()
-                                else path.rglob("metrics.jsonl"))
-                      if (m.parent / "config.json").is_file()})
+    """Every run folder (one with config.json and metrics.jsonl) at or under ``paths``; a path that
+    is a run archive (``pack_runs``'s .tar.xz) gives the runs packed in it."""
     runs = []
-    for folder in folders:
-        records = read_records(folder / "metrics.jsonl")
-        hessian = folder / "hessian.json"
-        runs.append(Run(folder, json.loads((folder / "config.json").read_text()), records,
-                        json.loads(hessian.read_text()) if hessian.is_file() else None))
-    return runs
+    for path in map(Path, paths):
+        if path.is_file() and path.name.endswith(".tar.xz"):
+            runs += _archived_runs(path)
+            continue
+        folders = sorted({m.parent for m in ([path / "metrics.jsonl"] if (path / "metrics.jsonl").is_file()
+                                             else path.rglob("metrics.jsonl"))
+                          if (m.parent / "config.json").is_file()})
+        for folder in folders:
+            files = {name: (folder / name).read_text() for name in RUN_FILES if (folder / name).is_file()}
+            runs.append(_run(folder, files))
+    return sorted(runs, key=lambda r: str(r.folder))
+
+
+def _run(folder: Path, files: dict[str, str]) -> Run:
+    hessian = files.get("hessian.json")
+    return Run(folder, json.loads(files["config.json"]), parse_records(files["metrics.jsonl"]),
+               json.loads(hessian) if hessian else None)
+
+
+def _archived_runs(archive: Path) -> list[Run]:
+    files: dict[str, dict[str, str]] = {}
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            folder, _, name = member.name.rpartition("/")
+            if member.isfile() and name in RUN_FILES:
+                files.setdefault(folder, {})[name] = tar.extractfile(member).read().decode()
+    return [_run(archive / folder, found) for folder, found in sorted(files.items())
+            if {"config.json", "metrics.jsonl"} <= found.keys()]
+
+
+def pack_runs(runs: list[Run], root: Path, archive: Path) -> None:
+    """Pack what the study reads of ``runs`` (each folder's RUN_FILES, as found under ``root``)
+    into the xz-compressed tar ``archive``, byte for byte the same for the same runs (sorted
+    members, no times or owners): ``find_runs([archive])`` reads them back."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz", preset=9) as tar:
+        for run in sorted(runs, key=lambda r: str(r.folder)):
+            for name in RUN_FILES:
+                path = run.folder / name
+                if path.is_file():
+                    data = path.read_bytes()
+                    info = tarfile.TarInfo(f"{path.relative_to(root).as_posix()}")
+                    info.size, info.mode = len(data), 0o644
+                    tar.addfile(info, io.BytesIO(data))
+    with atomic_write(archive, "wb") as f:
+        f.write(buffer.getvalue())

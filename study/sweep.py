@@ -160,8 +160,10 @@ def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
     while pending or running:
         while pending and len(running) < jobs:
             point = pending.pop(0)
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                       "train.py", str(point.file), "--resume=auto"]
+            # (One process needs no torchrun: its agent would be a second interpreter to start.)
+            launcher = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                        if nproc > 1 else [])
+            command = [sys.executable, *launcher, "train.py", str(point.file), "--resume=auto"]
             tqdm.write(f"{point.name}: {point.status()}: {shlex.join(command)}")
             log = open(point.folder / "train.log", "a") if jobs > 1 else None
             running[subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)] = (point, log)

@@ -1,4 +1,6 @@
-"""scripts/mini_study.py end to end at a tiny scale: its runs (two at once), report and figures."""
+"""scripts/mini_study.py end to end at a tiny scale: its two stages (the lr on a grid that grows
+past an edge, then the seeds at the best lr), its report on the held-out loss, its figures and
+the archive they are drawn from again."""
 import os
 import subprocess
 import sys
@@ -6,24 +8,40 @@ import sys
 import pytest
 
 from conftest import ROOT
+from study.report import report
+from study.runs import Study, find_runs
 
 
 @pytest.mark.slow  # two runs at once in processes of their own, then the report and figures
-def test_the_mini_study_runs_its_grid_and_writes_the_report_and_figures(tmp_path, byte_shards):
-    out = tmp_path / "mini"
-    tiny = ["max_tokens=2048", "warmup_steps=0", "block_size=32", "batch_size=8", "micro_batch_size=8",
-            "val_tokens=512", "probe_batch_size=2", "log_interval=2", "eval_interval=4"]
+def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archive(tmp_path, byte_shards):
+    out, archive = tmp_path / "mini", tmp_path / "runs.tar.xz"
+    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
+            "probe_batch_size=2"]
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", f"--out={out}", f"--data-dir={byte_shards}",
-                             "--optimizers=adamw,maxlamb", "--seeds=1", "--lr-points=1", "--jobs=2",
-                             *(f"--set={t}" for t in tiny)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             "--optimizers=adamw,muonclip", "--batches=4,8", "--seeds=2", "--tokens=1024",
+                             "--extend=1", "--jobs=2", f"--archive={archive}", *(f"--set={t}" for t in tiny)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # The central lr of each grid, seed 0; each run's output in its own log (two ran at once).
-    for point in (out / "adamw" / "lr0.001_s0", out / "maxlamb" / "lr0.03_s0"):
-        assert (point / "train.log").is_file() and "finished 8 steps" in (point / "train.log").read_text()
+    runs = find_runs([out])
+    # AdamW at both batches, MuonClip at the largest only; each grid three lrs a factor 3 apart (the
+    # centre scaled by sqrt(batch / 128)), one more past an edge where the best lr was on it.
+    by_point = {}
+    for run in runs:
+        by_point.setdefault((run.optimizer_label, run.batch_size), []).append(run)
+    assert sorted(by_point) == [("adamw", 4), ("adamw", 8), ("muon + qk_clip 10", 8)]
+    for (label, batch), members in by_point.items():
+        lrs = sorted({r.lr for r in members if r.seed == 0})
+        assert len(lrs) in (3, 4) and all(b / a == pytest.approx(3, rel=0.01) for a, b in zip(lrs, lrs[1:]))
+        assert members[0].config["max_tokens"] == 1024 and members[0].config["micro_batch_size"] == batch // 2
+        # Stage 2: seed 1 at the best lr of seed 0's grid, and nowhere else.
+        best = Study([r for r in members if r.seed == 0]).best()
+        assert {r.lr for r in members if r.seed == 1} == {next(iter(best.values())).lr}
+        assert all(r.config["data_seed"] == r.seed for r in members)
     text = (out / "report.md").read_text()
-    assert "| adamw | " in text and "| merit (maxLAMB) | " in text and "# Study report: 2 runs" in text
+    assert "selected on val/loss, reported on heldout/loss" in text and "| muon + qk_clip 10 |" in text
+    assert report(find_runs([archive]), None, "val/loss", "heldout/loss") == text  # the archive is enough
     assert sorted(p.name for p in (out / "figures").iterdir()) == [
-        "attn_entropy.png", "max_logit.png", "max_logit_heads.png", "merit_diagnostics.png", "scaling.png",
-        "val_loss.png"]
-    assert "mini-study: 2 runs, 0 did not finish" in result.stdout
+        "attn_entropy.png", "max_logit.png", "max_logit_heads.png", "noise_scale.png", "peak_logit.png",
+        "scaling.png", "val_loss.png"]
+    assert f"mini-study: {len(runs)} runs" in result.stdout

@@ -183,3 +183,17 @@ def test_no_runs_is_a_clear_error(tmp_path):
     for name, args in (("report", [tmp_path]), ("plot", [tmp_path, "--out", tmp_path / "f"])):
         result = cli(name, *args)
         assert result.returncode == 1 and f"{name}: no run folders with a validation loss under" in result.stderr
+
+
+def test_an_archive_of_the_runs_gives_the_same_report(study, tmp_path):
+    from study.runs import pack_runs
+    runs = find_runs([study])
+    archive = tmp_path / "runs.tar.xz"
+    pack_runs(runs, study, archive)
+    packed = find_runs([archive])
+    assert [r.folder.relative_to(archive) for r in packed] == [r.folder.relative_to(study) for r in runs]
+    assert [r.hessian for r in packed] == [r.hessian for r in runs] and any(r.hessian for r in packed)
+    assert report(packed, target=None) == report(runs, target=None)
+    first = archive.read_bytes()
+    pack_runs(runs, study, archive)
+    assert archive.read_bytes() == first  # the same runs, the same bytes

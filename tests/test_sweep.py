@@ -1,5 +1,6 @@
-"""scripts/sweep.py: the plan of a grid, a real local sweep under torchrun (finished points
-skipped, an interrupted one resumed), and the SLURM array script. (The report and figures of
+"""scripts/sweep.py: the plan of a grid, a real local sweep under torchrun on 2 ranks (finished
+points skipped, an interrupted one resumed; one-process points run without torchrun: the
+mini-study's, tests/test_mini_study.py), and the SLURM array script. (The report and figures of
 real runs: tests/test_mini_study.py.)"""
 import json
 import os
@@ -72,14 +73,15 @@ def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_
     train_here(str(folder / "merit" / "point.py"), "--stop_at_step=2")
     assert rows(sweep(*common, "--dry-run").stdout)["merit"]["status"] == "at step 2"
 
-    first = sweep(*common, "--launch=local")
+    first = sweep(*common, "--launch=local", "--nproc-per-node=2")
     assert "adamw: new" in first.stdout and "merit: at step 2" in first.stdout
+    assert "torch.distributed.run --standalone --nproc_per_node=2 train.py" in first.stdout
     assert "resumed" in first.stdout and "all 2 points finished" in first.stdout
     for name in ("adamw", "merit"):
         records = [json.loads(line) for line in (folder / name / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if "train/loss" in r] == [2, 4]  # one run, no step twice
         assert json.loads((folder / name / "config.json").read_text())["optimizer"] == name
-    again = sweep(*common, "--launch=local")
+    again = sweep(*common, "--launch=local", "--nproc-per-node=2")
     assert "adamw: finished, skipped" in again.stdout and "merit: finished, skipped" in again.stdout
     assert "resumed" not in again.stdout
 
