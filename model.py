@@ -66,7 +66,7 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
-LOGIT_CHUNK = 256  # queries per chunk of a training forward's logit maximum (QK-Clip)
+LOGIT_CHUNK = 64  # queries per chunk of a training forward's logit maximum (QK-Clip)
 
 
 def logit_dtype(q):
@@ -90,6 +90,28 @@ def causal_logit_chunks(q, k, scale, chunk_size):
             query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
             future = torch.arange(end, device=q.device).unsqueeze(0) > query_pos
             yield logits.masked_fill(future, float("-inf")), future
+
+
+@torch.no_grad()
+def causal_logit_max(q, k, scale, chunk_size):
+    """Per head, the largest causal pre-softmax logit q.k * scale of q, k (B, H, T, head_dim), in
+    logit_dtype: chunk_size queries at a time, the keys before the chunk (all visible) and the
+    chunk's own triangle apart, so only that small block is masked and nothing of T x T is kept.
+    (scale > 0: the max of the scaled logits is the scaled max.)"""
+    B, H, T, _ = q.shape
+    dtype = logit_dtype(q)
+    best = torch.full((H,), float("-inf"), dtype=dtype, device=q.device)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k = q.to(dtype), k.to(dtype)
+        for start in range(0, T, chunk_size):
+            end = min(start + chunk_size, T)
+            queries = q[:, :, start:end]
+            if start:
+                best = torch.maximum(best, (queries @ k[:, :, :start].transpose(-2, -1)).amax(dim=(0, 2, 3)))
+            own = queries @ k[:, :, start:end].transpose(-2, -1)
+            future = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).triu(1)
+            best = torch.maximum(best, own.masked_fill(future, float("-inf")).amax(dim=(0, 2, 3)))
+    return best * scale
 
 
 class CausalSelfAttention(nn.Module):
@@ -128,13 +150,11 @@ class CausalSelfAttention(nn.Module):
 
         While ``logit_max`` is a tensor (n_head,) (QK-Clip's measurement, training/qk_clip.py), a
         causal forward raises it to each head's largest pre-softmax logit q.k * scale seen,
-        computed from this forward's q and k in chunks of queries, none of them kept."""
+        computed from this forward's q and k (``causal_logit_max``)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x)
         if self.logit_max is not None and attn_mask is None:
-            with torch.no_grad():
-                for logits, _ in causal_logit_chunks(q.detach(), k.detach(), self.scale, LOGIT_CHUNK):
-                    self.logit_max = torch.maximum(self.logit_max, logits.amax(dim=(0, 2, 3)))
+            self.logit_max = torch.maximum(self.logit_max, causal_logit_max(q, k, self.scale, LOGIT_CHUNK))
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale

@@ -51,6 +51,19 @@ def naive_max_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(maxima)
 
 
+@pytest.mark.parametrize("T", [1, 11, 37])
+@pytest.mark.parametrize("chunk", [1, 4, 16, 64])
+def test_the_training_forward_s_maximum_is_the_materialised_causal_logits(T, chunk):
+    from model import causal_logit_max
+    g = torch.Generator().manual_seed(T * 100 + chunk)
+    q, k = (torch.randn(2, 3, T, 5, generator=g, dtype=torch.float64) * 3 for _ in range(2))
+    logits = (q @ k.transpose(-1, -2)) * 0.7
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = logits.masked_fill(~causal, -math.inf).amax(dim=(0, 2, 3))
+    # (A chunk's matmul may sum a dot product in another order than the whole one's: float64 rounding.)
+    torch.testing.assert_close(causal_logit_max(q, k, 0.7, chunk), expected, rtol=1e-14, atol=0)
+
+
 def test_heads_above_tau_are_clipped_to_tau_and_nothing_else_moves():
     model, x, y = model_and_batch()
     clip = QKClip(model, tau=math.inf, ctx=ONE_PROCESS)
