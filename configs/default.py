@@ -18,8 +18,8 @@ warmup_steps = 60
 lr_schedule = "cosine"
 
 optimizer = "merit"
-lr = 2e-2  # MERIT's step is relative to each weight's scale: small models want a larger lr
-min_lr = 2e-3
+lr = 6.7e-3  # the best of a factor-of-3 grid (README); MERIT's step is relative to each weight's scale
+min_lr = 6.7e-4
 grad_clip = 1.0
 
 log_interval = 100

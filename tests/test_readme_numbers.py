@@ -1,0 +1,44 @@
+"""Every table of study numbers in the README is the report tool's own output: each README block
+marked ``<!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->`` equals the first table under
+SECTION of ``scripts/report.py``'s report of the run archive ARCHIVE (docs/), and each archive's
+committed report.md beside it is that report whole."""
+import re
+
+import pytest
+
+from conftest import ROOT
+from study.report import report
+from study.runs import find_runs
+
+README = ROOT / "README.md"
+BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n(.*?)\n<!-- end -->", re.S)
+
+
+def blocks() -> list[tuple]:
+    return BLOCK.findall(README.read_text())
+
+
+def first_table(text: str, heading: str) -> str:
+    """The first markdown table after the line starting with ``heading``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    return "\n".join(table)
+
+
+def test_the_readme_has_report_blocks():
+    archives = {archive for archive, *_ in blocks()}
+    assert {"docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/mini_study/runs.tar.xz"} <= archives
+
+
+@pytest.mark.parametrize("archive, select_on, report_on, section, body", blocks(),
+                         ids=lambda value: value if isinstance(value, str) and len(value) < 40 else None)
+def test_a_readme_table_is_the_report_s(archive, select_on, report_on, section, body):
+    text = report(find_runs([ROOT / archive]), None, select_on or "val/loss", report_on or None)
+    assert (ROOT / archive).with_name((ROOT / archive).name.removesuffix(".tar.xz") + ".md").read_text() == text
+    assert body == first_table(text, section), f"README's {section} of {archive} is not the report's"
