@@ -2,6 +2,7 @@
 
     python -m scripts.report sweeps/merit-batch --target 3.3 --out report.md
     python -m scripts.report runs/mini_study --report-on heldout/loss   # lrs chosen on val/loss
+    python -m scripts.report docs/demo/runs.tar.xz --out docs/demo/runs.md --update README.md
 
 Runs are grouped into points (study/runs.py): every config key but the lr and the seeds, named
 by what varies across the runs (the optimizer, its ablation, QK-Norm or QK-Clip, and any other
@@ -15,18 +16,22 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
   difference's mean and 95% interval), and minus AdamW's mean at its smallest batch (the paper's Δ);
 * the whole lr grid: the final loss of every lr, the seeds that finished, the peak and final max
   attention logit (the largest layer), diverged lrs included;
-* the max attention logit per layer at the selected lr: its peak and final values;
+* the max attention logit per layer at every lr (the selected one marked): its peak and final values;
 * steps and tokens to reach ``--target`` (default: the highest of the points' best final losses,
   so that every point has a value), interpolated between evaluations;
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
 * the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present.
+
+``--update FILE`` rewrites the tables of FILE (the README) that come from this report: each block
+``<!-- report: PATH [SELECT_ON REPORT_ON], SECTION -->`` ... ``<!-- end -->`` whose PATH is the one
+path given gets that section's first table (tests/test_readme_numbers.py checks they agree).
 """
 import argparse
 import sys
 from pathlib import Path
 
 from atomic import atomic_write
-from study.report import report
+from study.report import fill_blocks, report
 from study.runs import find_runs
 
 
@@ -37,6 +42,7 @@ def main(argv=None) -> None:
     parser.add_argument("--select-on", default="val/loss", help="the metric each point's lr is chosen on")
     parser.add_argument("--report-on", help="the metric the tables report (default: --select-on)")
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--update", type=Path, metavar="FILE", help="refresh FILE's blocks of this report's tables")
     args = parser.parse_args(argv)
     runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
     if not runs:
@@ -46,6 +52,11 @@ def main(argv=None) -> None:
     if args.out:
         with atomic_write(args.out, "w") as f:
             f.write(text)
+    if args.update:
+        if len(args.paths) != 1:
+            sys.exit("report: --update takes the tables of one path (the one its blocks name)")
+        with atomic_write(args.update, "w") as f:
+            f.write(fill_blocks(args.update.read_text(), str(args.paths[0]), text))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the CLI and its docstring lists the tables.
 from __future__ import annotations
 
 import math
+import re
 
 from study.runs import Run, Selection, Study, paired, summary
 
@@ -104,17 +105,21 @@ def unfinished_note(study: Study) -> str | None:
                                            for r in unfinished) + ".")
 
 
-def max_logit_table(best: dict) -> str:
-    layers = sorted({k for s in best.values() for r in s.runs for k in r.layer_keys("max_logit")})
+def max_logit_table(study: Study, best: dict) -> str:
+    """Per point, batch and every lr of its grid (the selected one marked), each layer's max
+    attention logit: its peak over training / its final value, means over the seeds (a diverged
+    seed's peak included: the divergence is what this table is for)."""
+    layers = sorted({k for r in study.runs for k in r.layer_keys("max_logit")})
     rows = []
-    for (label, batch), selection in best.items():
-        row = [label, str(batch)]
-        for key in layers:
-            peaks = [r.peak(key) for r in selection.runs]
-            finals = [r.final(key) for r in selection.runs]
-            row.append(f"{summary(peaks).mean:.3g} / {summary(finals).mean:.3g}")
-        rows.append(row)
-    return table(["point", "batch", *(k.removeprefix("max_logit/") for k in layers)], rows)
+    for (label, batch), by_lr in study.points().items():
+        selected = best[(label, batch)].lr if (label, batch) in best else None
+        for lr, seeds in by_lr.items():
+            row = [label, str(batch), f"{lr:g}" + (" (selected)" if lr == selected else "")]
+            for key in layers:
+                peaks, finals = [r.peak(key) for r in seeds], [r.final(key) for r in seeds]
+                row.append(f"{summary(peaks).mean:.3g} / {summary(finals).mean:.3g}")
+            rows.append(row)
+    return table(["point", "batch", "lr", *(k.removeprefix("max_logit/") for k in layers)], rows)
 
 
 def target_table(best: dict, target: float, key: str) -> str:
@@ -175,11 +180,39 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     if comparison:
         sections += [f"## Against {REFERENCE} ({report_on})", comparison]
     sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
-                 "## Max attention logit per layer at the best lr (peak / final, mean over seeds)",
-                 max_logit_table(best),
+                 "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
+                 max_logit_table(study, best),
                  f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over seeds)",
                  target_table(best, target, report_on)]
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):
         if body:
             sections += [title, body]
     return "\n\n".join(sections) + "\n"
+
+
+# A README block that holds one of a report's tables: <!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->
+README_BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n(.*?)\n<!-- end -->", re.S)
+
+
+def first_table(text: str, heading: str) -> str:
+    """The first markdown table after the line of ``text`` starting with ``heading``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return "\n".join(rows)
+
+
+def fill_blocks(document: str, archive: str, text: str) -> str:
+    """``document`` with every block of ``archive`` holding its section's table from ``text`` (the
+    archive's report)."""
+    def table_of(match: re.Match) -> str:
+        if match.group(1) != archive:
+            return match.group(0)
+        head = match.group(0).split("\n", 1)[0]
+        return f"{head}\n{first_table(text, match.group(4))}\n<!-- end -->"
+    return README_BLOCK.sub(table_of, document)

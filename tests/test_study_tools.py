@@ -109,7 +109,8 @@ def test_report_tables_hold_the_hand_computed_values(study, tmp_path):
     assert f"| merit | 16 | {statistics.fmean([1.6 - 2.5, 1.62 - 2.7]):+.3f} [" in text
     assert "| merit (maxLAMB) | 4 | +0.100 (1 seed) | +0.050 (batch 4) |" in text  # (seed 0: 1.9 - 1.8)
     # Max logit: layer 0 peaks at 10 (seed 0) and 20 (seed 1), mean 15; ends at 3 and 6 -> 4.5.
-    assert "| adamw | 4 | 15 / 4.5 | 200 / 200 |" in text
+    assert "| adamw | 4 | 0.003 (selected) | 15 / 4.5 | 200 / 200 |" in text
+    assert "| adamw | 4 | 0.01 | 10 / 10 | 100 / 100 |" in text  # the diverged lr: up to its step 20
     # Steps to 2.3, interpolated: the curve falls from 4.0 to the final loss in 4 equal steps of 10.
     # adamw b4 lr 3e-3, finals 1.8 and 1.9: 2.35 and 2.425 at step 30, 1.8 and 1.9 at 40, so 2.3 at
     # 30 + 10 x 0.05 / 0.55 and 30 + 10 x 0.125 / 0.525; adamw b16 (2.5, 2.7) never.
