@@ -10,9 +10,11 @@ global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by Mu
 with QK-Clip (``EXTRAS``). Two stages, each point's lr found before its seeds are run:
 
 1. the lr, seed 0: a factor-of-3 grid of three lrs around the optimizer's centre, scaled from
-   REFERENCE_BATCH by the square root of the batch ratio; while a point's best lr is on its grid's
-   edge, the grid grows by one lr beyond that edge (at most ``--extend`` times), so the best lies
-   inside it or the report says it does not;
+   REFERENCE_BATCH by (batch ratio) ** exponent (``OPTIMIZERS``: centres and exponents read off a
+   one-seed pilot of this study, whose best lrs moved with the batch as the square root for MERIT
+   and Muon, less for LAMB and not at all for AdamW); while a point's best lr is on its grid's edge,
+   the grid grows by one lr beyond that edge (at most ``--extend`` times), so the best lies inside
+   it or the report says it does not;
 2. the seeds: seeds 1 .. ``--seeds`` - 1 (init and data order both) at each point's best lr.
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
@@ -27,7 +29,6 @@ ones. The Shakespeare byte shards are prepared if missing.
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 import time
@@ -50,17 +51,17 @@ BASE = {
     "val_tokens": 16_384, "heldout_tokens": 32_768, "probe_batch_size": 8, "sample_tokens": 0,
 }
 BATCHES = (8, 32, 128, 512)  # global batches in sequences of BLOCK tokens
-REFERENCE_BATCH = 128  # where the centres below are the best lrs (the earlier one-batch study's)
-OPTIMIZERS = {  # name: (config changes, lr at REFERENCE_BATCH)
-    "adamw": ({"optimizer": "adamw"}, 3e-3),
-    "lamb": ({"optimizer": "lamb"}, 3e-2),
-    "merit": ({"optimizer": "merit"}, 3e-2),
-    "muon": ({"optimizer": "muon"}, 3e-3),  # Moonlight's rule: AdamW's lr
+REFERENCE_BATCH = 128
+OPTIMIZERS = {  # name: (config changes, grid centre at REFERENCE_BATCH, its exponent in the batch)
+    "adamw": ({"optimizer": "adamw"}, 3e-3, 0.0),
+    "lamb": ({"optimizer": "lamb"}, 3e-2, 0.25),
+    "merit": ({"optimizer": "merit"}, 3e-2, 0.5),
+    "muon": ({"optimizer": "muon"}, 2e-2, 0.5),
 }
-QK_CLIP_TAU = 10.0  # a small model's logits: 5 to 20 at good lrs, where Kimi K2's 100 would never act
+QK_CLIP_TAU = 10.0  # a small model's logits: 5 to 40 at good lrs, where Kimi K2's 100 would never act
 EXTRAS = {  # run at the largest batch only
-    "muonclip": ({"optimizer": "muon", "qk_clip_tau": QK_CLIP_TAU}, 3e-3),
-    "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": QK_CLIP_TAU}, 3e-3),
+    "muonclip": ({"optimizer": "muon", "qk_clip_tau": QK_CLIP_TAU}, 2e-2, 0.5),
+    "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": QK_CLIP_TAU}, 3e-3, 0.0),
 }
 LR_FACTOR = 3.0
 
@@ -73,8 +74,8 @@ def schedule(batch: int, tokens: int, block: int) -> dict:
             "eval_interval": max(1, steps // 8), "log_interval": max(1, steps // 16)}
 
 
-def lr_grid(centre: float, batch: int) -> list[float]:
-    lr = centre * math.sqrt(batch / REFERENCE_BATCH)
+def lr_grid(centre: float, exponent: float, batch: int) -> list[float]:
+    lr = centre * (batch / REFERENCE_BATCH) ** exponent
     return [_round(lr / LR_FACTOR), _round(lr), _round(lr * LR_FACTOR)]
 
 
@@ -126,7 +127,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="global batches (sequences)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds at each point's best lr")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
-    parser.add_argument("--extend", type=int, default=1, help="times a grid may grow past an edge")
+    parser.add_argument("--extend", type=int, default=2, help="times a grid may grow past an edge")
     parser.add_argument("--data-dir", default=DATA, help=f"byte-token shards (default {DATA}, prepared if missing)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, sharing the CPU threads (default 2)")
     parser.add_argument("--archive", type=Path, help="also pack the runs' configs and metrics into this .tar.xz")
@@ -154,8 +155,8 @@ def main(argv=None) -> None:
     studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block)
                for name in names for batch in batches if name in OPTIMIZERS or batch == batches[-1]]
 
-    print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x {len(lr_grid(1, 1))} lrs")
-    run([p for s in studied for p in s.add(lr_grid(known[s.name][1], s.batch), [0])], args.jobs)
+    print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
+    run([p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])], args.jobs)
     for round_ in range(args.extend):
         grown = []
         for s in studied:

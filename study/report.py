@@ -36,6 +36,11 @@ def _lr(selection: Selection) -> str:
     return f"lr {selection.lr:g}{', on the grid edge' if selection.on_edge else ''}"
 
 
+def batch_values(study: Study) -> dict[str, list[tuple[int, object]]]:
+    """The schedule keys that vary with the batch alone, with each batch's value."""
+    return {key: sorted({(r.batch_size, dict(r.point)[key]) for r in study.runs}) for key in study.with_batch}
+
+
 def loss_table(study: Study, best: dict, report_on: str) -> str:
     """Rows: points without their batch; columns: batches. Each cell the selected lr's seeds."""
     batches = sorted({batch for _, batch in best})
@@ -172,9 +177,12 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     if target is None:
         target = max(summary([r.final(report_on) for r in s.runs]).mean for s in best.values())
     where = f"selected on {select_on}, reported on {report_on}"
+    with_batch = "".join(
+        f" {key} goes with the batch ({', '.join(f'batch {b}: {v}' for b, v in values)})."
+        for key, values in batch_values(study).items())
     sections = [title,
                 f"Each point's lr is the one with the lowest mean final {select_on} among those all of whose "
-                f"seeds finished. Cells: mean ± std [±95% interval half-width] over seeds.",
+                f"seeds finished. Cells: mean ± std [±95% interval half-width] over seeds.{with_batch}",
                 f"## Final {report_on} (best lr per point; {where})", loss_table(study, best, report_on)]
     comparison = comparison_table(study, best, report_on)
     if comparison:

@@ -41,6 +41,12 @@ LR_KEYS, SEED_KEYS = ("lr", "min_lr"), ("seed", "data_seed")
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).
 ABLATIONS = {("maxlamb", True): "maxLAMB", ("norm", "l2"): "l2", ("elementwise_clip", False): "no clip",
              ("weightwise_lower_bound", False): "no lower bound"}
+# An optimizer's own hyper-parameters: compared only among the runs of that optimizer (each
+# resolves its own published values).
+OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "eps")
+# Schedule keys a batch sweep at a fixed token budget derives from the batch: where each batch has
+# one value of such a key, it goes with the batch (the table's columns), not into the labels.
+BATCH_SCHEDULE_KEYS = ("warmup_steps", "warmup_tokens", "max_steps")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "batch_size",
@@ -150,6 +156,10 @@ class Run:
         return None
 
 
+def _optimizer_key(key: str) -> bool:
+    return key in OPTIMIZER_KEYS or key.startswith("optimizer_options.")
+
+
 def _hashable(value):
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
 
@@ -179,7 +189,8 @@ class Study:
     def __init__(self, runs: list[Run], select_on: str = "val/loss"):
         self.runs, self.select_on = runs, select_on
         # A key differs between points if it takes two values, or is missing from some; an
-        # optimizer's option is compared among the runs of that optimizer only (each has its own).
+        # optimizer's hyper-parameters and options are compared among the runs of that optimizer
+        # only (each has its own).
         self.varying: dict[str | None, list[str]] = {}  # {optimizer (None: every run): keys}
         for optimizer in {None, *(run.config["optimizer"] for run in runs)}:
             members = [r for r in runs if optimizer in (None, r.config["optimizer"])]
@@ -188,14 +199,22 @@ class Study:
                 for key, value in run.point:
                     values.setdefault(key, set()).add(value)
             self.varying[optimizer] = sorted(
-                key for key in values if (key.startswith("optimizer_options.") == (optimizer is not None))
+                key for key in values if _optimizer_key(key) == (optimizer is not None)
                 and (len(values[key]) > 1 or any(key not in dict(run.point) for run in members)))
+        by_batch: dict[str, dict[int, set]] = {}
+        for run in runs:
+            for key in BATCH_SCHEDULE_KEYS:
+                by_batch.setdefault(key, {}).setdefault(run.batch_size, set()).add(dict(run.point).get(key))
+        # The keys that vary only with the batch: said once, in the report's notes.
+        self.with_batch = [key for key in self.varying[None] if key in by_batch
+                           and all(len(values) == 1 for values in by_batch[key].values())]
 
     def label(self, run: Run) -> str:
         """The run's point without its batch: the optimizer, then every other key that varies."""
         point = dict(run.point)
         keys = [*self.varying[None], *self.varying[run.config["optimizer"]]]
-        rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in keys if key not in LABELLED]
+        rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in keys
+                if key not in LABELLED and key not in self.with_batch]
         return ", ".join([run.optimizer_label, *rest])
 
     def points(self) -> dict[tuple[str, int], dict[float, list[Run]]]:

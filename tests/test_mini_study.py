@@ -25,7 +25,7 @@ def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archiv
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = find_runs([out])
     # AdamW at both batches, MuonClip at the largest only; each grid three lrs a factor 3 apart (the
-    # centre scaled by sqrt(batch / 128)), one more past an edge where the best lr was on it.
+    # centre scaled by (batch / 128) ** exponent), one more past an edge where the best lr was on it.
     by_point = {}
     for run in runs:
         by_point.setdefault((run.optimizer_label, run.batch_size), []).append(run)
