@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 from study.runs import Run, Study, summary  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
-MAX_PANELS = 12
+MAX_PANELS = 24
 SYMLOG = dict(base=10, linthresh=1.0)  # linear within [-1, 1], logarithmic beyond
 
 
@@ -38,24 +40,43 @@ def _legend(ax, **kwargs) -> None:
     ax.legend(fontsize=7, frameon=False, **kwargs)
 
 
+def _batch_panels(study: Study, best: dict, height: float = 3.6):
+    """(figure, {batch: its axes}, {label: colour}): a panel per batch, a colour per point label
+    (the same in every figure), the legend below them."""
+    batches = sorted({batch for _, batch in best})
+    columns = min(4, len(batches))
+    rows = math.ceil(len(batches) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, height * rows + 0.9), squeeze=False)
+    for ax in list(axes.flat)[len(batches):]:
+        ax.axis("off")
+    return fig, dict(zip(batches, axes.flat)), colours(label for label, _ in best)
+
+
+def _legend_below(fig, colour: dict) -> None:
+    handles = [matplotlib.lines.Line2D([], [], color=c, label=label) for label, c in colour.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
+
+
 def plot_val_loss(study: Study, path: Path) -> None:
     best = study.best()
-    colour = colours(label for label, _ in best)
-    batches = sorted({batch for _, batch in best})
-    styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1))]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, panels, colour = _batch_panels(study, best)
     for (label, batch), selection in best.items():
+        ax = panels[batch]
         steps, mean, low, high = seed_band(selection.runs, study.select_on)
         tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
-        style = styles[batches.index(batch) % len(styles)]
-        ax.plot(tokens, mean, color=colour[label], linestyle=style,
-                label=f"{label}, batch {batch}, lr {selection.lr:g} ({len(selection.runs)} seeds)")
+        ax.plot(tokens, mean, color=colour[label], linewidth=1.2)
         ax.fill_between(tokens, low, high, color=colour[label], alpha=0.15, linewidth=0)
-    ax.set(xlabel="training tokens", ylabel=study.select_on,
-           title=f"{study.select_on} over training (best lr per point; band: lowest to highest seed)")
-    ax.grid(alpha=0.3)
-    _legend(ax, ncol=2)
-    _save(fig, path)
+    for batch, ax in panels.items():
+        lrs = ", ".join(f"{label} {s.lr:g}" for (label, b), s in best.items() if b == batch)
+        ax.set(xlabel="training tokens", ylabel=study.select_on,
+               title=f"batch {batch}\n" + textwrap.fill(f"lr: {lrs}", 60))
+        ax.title.set_fontsize(7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{study.select_on} over training, each point at its best lr (band: lowest to highest seed)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _legend_below(fig, colour)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_max_logits(study: Study, path: Path) -> None:
@@ -126,6 +147,8 @@ def plot_peak_logit(study: Study, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.6))
     _against_batch(ax, lines, colour)
     ax.set_yscale("symlog", **SYMLOG)
+    lowest = min(v for points in lines.values() for _, values, _ in points for v in values if math.isfinite(v))
+    ax.set_ylim(bottom=min(0.0, lowest))  # (symlog's autoscale would reach below 0 for positive data)
     ax.set(xlabel="global batch (sequences)", ylabel="peak max attention logit (largest layer)",
            title="Peak max attention logit against the batch (best lr per point; band: lowest to highest seed)")
     ax.title.set_fontsize(9)
@@ -255,33 +278,35 @@ def plot_attention_entropy(study: Study, path: Path) -> bool:
 
 
 def plot_noise_scale(study: Study, path: Path) -> bool:
-    """The gradient noise scale B_simple over training (tokens, mean of the seeds at the selected
-    lr) for each point, against each batch in tokens (dashed): a batch far above B_simple buys
-    little per token, one far below wastes steps."""
-    lines = [(key, s) for key, s in study.best().items() if s.runs[0].series("noise_scale/b_simple")[0]]
-    if not lines:
+    """The gradient noise scale B_simple over training (tokens, the seeds at the selected lr) of
+    every point, a panel per batch with that batch in tokens (dashed): a batch far above B_simple
+    buys little per token, one far below takes more steps than it needs."""
+    best = {key: s for key, s in study.best().items() if s.runs[0].series("noise_scale/b_simple")[0]}
+    if not best:
         return False
-    colour = colours(f"{label}, batch {batch}" for (label, batch), _ in lines)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (label, batch), selection in lines:
-        name = f"{label}, batch {batch}"
+    fig, panels, colour = _batch_panels(study, best)
+    for (label, batch), selection in best.items():
         steps, mean, low, high = seed_band(selection.runs, "noise_scale/b_simple")
         tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
-        ax.plot(tokens, mean, color=colour[name], label=name)
-        ax.fill_between(tokens, low, high, color=colour[name], alpha=0.15, linewidth=0)
-        ax.axhline(selection.runs[0].final("noise_scale/batch_tokens"), color=colour[name], linestyle="--",
-                   linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set(xlabel="training tokens", ylabel="tokens",
-           title="Gradient noise scale B_simple (solid; band: seeds) and each batch (dashed)")
-    ax.grid(alpha=0.3, which="both")
-    _legend(ax, ncol=2)
-    _save(fig, path)
+        panels[batch].plot(tokens, mean, color=colour[label], linewidth=1.2)
+        panels[batch].fill_between(tokens, low, high, color=colour[label], alpha=0.12, linewidth=0)
+    for batch, ax in panels.items():
+        batch_tokens = next(s.runs[0].final("noise_scale/batch_tokens") for (_, b), s in best.items() if b == batch)
+        ax.axhline(batch_tokens, color="black", linestyle="--", linewidth=1)
+        ax.set_yscale("log")
+        ax.set(xlabel="training tokens", ylabel="B_simple (tokens)", title=f"batch {batch} = {batch_tokens:,.0f} tokens (dashed)")
+        ax.title.set_fontsize(8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Gradient noise scale B_simple over training against the batch (band: lowest to highest seed)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _legend_below(fig, colour)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     return True
 
 
 def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # (room for the suptitle)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
