@@ -261,7 +261,9 @@ def test_kernels_match_the_torch_reference(kernel, cls, options, dtype, tol):
     shapes = [(67, 45), (45, 67), (300,), (5,), (), (40, 300), (5000,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
     p0[0][3], p0[0][:, 7], p0[2][:50] = 0, 0, 0
-    grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(5)]
+    # (Triton's interpreter takes seconds a step here: three steps, the state carried twice.)
+    steps = 3 if kernel == "triton" else 5
+    grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(steps)]
     for gs in grads:
         gs[0][5] = 0  # with wd = 0 below: u's row 5 is 0
         gs[1][:, 9] = 0

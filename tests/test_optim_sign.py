@@ -207,7 +207,9 @@ def test_adamw_runs_step_hooks_once():
 def test_kernels_match_the_torch_reference(kernel, name, dtype, tol):
     require_backend(kernel)
     gen = torch.Generator().manual_seed(12)
-    shapes = [(67, 45), (70000,), (5,)]
+    # (Longer than the C++ kernels' share per thread; for Triton's interpreter, slow per program, more
+    # than four of its 1,024-element blocks.)
+    shapes = [(67, 45), (70000,) if kernel == "cpp" else (5000,), (5,)]
     p0 = [torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen) * (1 + k) for s in shapes] for k in range(6)]
     results = []
