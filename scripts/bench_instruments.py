@@ -12,7 +12,9 @@ measured then), and times in this process, medians over --steps:
   the noise-scale estimate, the probe on the probe batch, the statistics' transfer to the host.
 
 Prints each part in ms and the instruments' overhead at the config's log_interval and at 10:
-(log-step extra) / (log_interval x ordinary step).
+(log-step extra) / (log_interval x ordinary step). Then QK-Clip's cost, on every step (its logit
+maximum in the training forward, the MAX all-reduce and the rows' scaling): steps with it
+alternate with ordinary steps, and the median of their per-pair ratios is printed.
 """
 import argparse
 import statistics
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +36,22 @@ def median_ms(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def paired_ratio(fn, baseline, repeats: int) -> tuple[float, float]:
+    """(median ms of fn, median of fn's time over baseline's), the two alternating (a shared
+    machine's speed drifts)."""
+    fn(), baseline()  # warm-up
+    times, ratios = [], []
+    for _ in range(repeats):
+        pair = []
+        for f in (baseline, fn):
+            start = time.perf_counter()
+            f()
+            pair.append(time.perf_counter() - start)
+        times.append(pair[1])
+        ratios.append(pair[1] / pair[0])
+    return 1e3 * statistics.median(times), statistics.median(ratios)
 
 
 def main(argv=None) -> None:
@@ -48,6 +67,7 @@ def main(argv=None) -> None:
     from train import Trainer
     from training.run_config import resolve_config
     from training.instruments import probe_record
+    from training.qk_clip import QKClip
 
     with tempfile.TemporaryDirectory() as tmp:
         rng = np.random.default_rng(0)
@@ -75,9 +95,16 @@ def main(argv=None) -> None:
                 with trainer.autocast:
                     probe_record(trainer.model, probe_batch)
 
+            def clipped():
+                with qk_clip.measuring():
+                    trainer.train_step()
+                qk_clip.apply(torch.ones((), dtype=torch.bool))
+
             step_ms = median_ms(ordinary, args.steps)
             measured_ms = median_ms(measured, args.steps)
             probe_ms = median_ms(probe, args.steps)
+            qk_clip = QKClip(trainer.model, tau=100.0, ctx=trainer.ctx)
+            clipped_ms, clipped_ratio = paired_ratio(clipped, ordinary, args.steps)
         finally:
             trainer.close()
     m = trainer.model_config
@@ -88,6 +115,8 @@ def main(argv=None) -> None:
           f"probe {probe_ms:.1f} ms; a log step's instruments: {extra:.1f} ms = {extra / step_ms:.2f} steps")
     for interval in sorted({config.log_interval, 10}):
         print(f"overhead at log_interval {interval}: {100 * extra / (interval * step_ms):.2f}% of training time")
+    print(f"QK-Clip on every step: {clipped_ms:.1f} ms a step, {100 * (clipped_ratio - 1):+.1f}% (median of "
+          f"{args.steps} pairs with an ordinary step)")
 
 
 if __name__ == "__main__":
