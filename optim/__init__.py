@@ -26,10 +26,9 @@ from .muon import Muon
 from .param_groups import param_groups
 from .protocol import GradientFn, LossFn, TrainingHooks
 from .sophia import SophiaG
-from .zero import ZeroRedundancy
 
 __all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Muon", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
-           "ZeroRedundancy", "available", "build", "check_options", "hyperparameter_settings", "param_groups",
+           "available", "build", "check_options", "hyperparameter_settings", "param_groups",
            "register"]
 
 _REGISTRY: dict[str, Callable] = {
@@ -118,6 +117,7 @@ def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 
     if "batch_tokens" in inspect.signature(factory).parameters:
         kwargs["batch_tokens"] = batch_tokens
     if zero_redundancy:
+        from .zero import ZeroRedundancy  # (torch.distributed.optim: a part of start-up only ZeRO-1 pays)
         return ZeroRedundancy(list(params), factory, **kwargs)
     optimizer = factory(params, **kwargs)
     if not isinstance(optimizer, TrainingHooks):  # the training loop relies on the protocol

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -24,16 +25,19 @@ from torch import Tensor
 
 from .backends import reference
 
-try:
-    from torch.distributed.tensor import DTensor, Shard
-except ImportError:  # a torch without DTensor cannot shard: every tensor is whole
-    DTensor = Shard = None
+
+def _dtensor(t: Tensor) -> bool:
+    """Whether ``t`` is a DTensor. Looked up, not imported: importing torch.distributed.tensor
+    takes half a second of every process's start-up, and until something (FSDP2) has imported it
+    no tensor can be one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local(t: Tensor) -> Tensor:
     """This rank's part of ``t`` (its rows, for a row-sharded DTensor; ``t`` itself otherwise),
     sharing t's storage, so in-place updates of it update t."""
-    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
+    return t.to_local() if _dtensor(t) else t
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,9 @@ class Shards:
     @staticmethod
     def of(p: Tensor) -> Shards | None:
         """p's row sharding; None when p is whole on this rank (a plain tensor, or replicated)."""
-        if DTensor is None or not isinstance(p, DTensor):
+        if not _dtensor(p):
             return None
-        if tuple(p.placements) != (Shard(0),):
+        if tuple(p.placements) != (sys.modules["torch.distributed.tensor"].Shard(0),):
             raise ValueError(f"a DTensor parameter of shape {tuple(p.shape)} has placements {p.placements}: "
                              f"this package's optimizers step parameters sharded on dim 0 (FSDP2's fully_shard)")
         mesh = p.device_mesh

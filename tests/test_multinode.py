@@ -228,7 +228,7 @@ def test_the_train_sbatch_script_launches_a_multi_node_run(byte_shards, tmp_path
 
 def test_usr1_saves_requeues_and_the_requeued_job_resumes_to_the_end(byte_shards, tmp_path):
     env = fake_slurm(tmp_path)
-    steps = 200
+    steps = 100
     command = ["bash", str(SBATCH), str(tiny_config(tmp_path, byte_shards, max_steps=steps)),
                f"--out_dir={str(tmp_path)!r}"]
     with started(command, cwd=tmp_path, env=env) as (job,):

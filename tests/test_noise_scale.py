@@ -111,7 +111,8 @@ def worker():
         first, _ = measure(model, w_star, grad_accum, ctx, steps=1, ddp=True)
         small = first._small.tolist()  # this rank's, before the all-reduce of the estimate
         model, _, _ = problem()  # a fresh module: the first one's DDP hooks stay on its parameters
-        _, record = measure(model, w_star, grad_accum, ctx, steps=2000, ddp=True)
+        # (Two ranks: as many micro-batches as the one-rank test above in half its steps.)
+        _, record = measure(model, w_star, grad_accum, ctx, steps=1000, ddp=True)
         if ctx.is_main:
             print(json.dumps({"grad_accum": grad_accum, "record": record, "truth": truth,
                               "first_small": small[0], "first_local": local.square().sum().item()}), flush=True)

@@ -194,7 +194,8 @@ def exact(ctx, mode):
 
 
 def save(ctx, folder):
-    from training.checkpoint import Checkpoint, save_sharded_in
+    from training.checkpoint import Checkpoint
+    from training.sharded_checkpoint import save_sharded_in
     model, optimizer, weight = build("merit", {}, ctx, "fsdp")
     loop = Loop(model, optimizer, weight)
     train(loop, 0, SAVE_AT)
@@ -212,7 +213,8 @@ def save(ctx, folder):
 
 
 def resume(ctx, folder):
-    from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_sharded_state
+    from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+    from training.sharded_checkpoint import load_sharded_state
     model, optimizer, weight = build("merit", {}, ctx, "fsdp" if ctx.enabled else "single")
     path = (folder / CHECKPOINT_NAME).resolve()
     checkpoint = Checkpoint.load(path)

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from model import GPT
 from optim.sharding import local
 from training import distributed
-from training.checkpoint import Checkpoint, load_sharded_state, save_in, save_sharded_in
+from training.checkpoint import Checkpoint, save_in
 from training.distributed import Distributed
 from training.state import RunState
 
@@ -145,6 +145,7 @@ class Layout:
         fields = state.state_dict()  # (collectives: every rank's RNG states and loss sums)
         main = self.ctx.is_main
         if self.shards_parameters:  # every rank writes its shards
+            from training.sharded_checkpoint import save_sharded_in  # (DCP: imported by the runs that use it)
             checkpoint = Checkpoint(model={}, optimizer={}, **fields) if main else None
             save_sharded_in(run_dir, checkpoint, state.model, state.optimizer, state.step, keep, permanent_interval)
         else:  # ZeRO-1: the ranks' state consolidated on rank 0, in the plain optimizer's format
@@ -163,6 +164,7 @@ class Layout:
             if self.zero_redundancy:
                 raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
                                  f"fsdp=True, or with zero_stage=0")
+            from training.sharded_checkpoint import load_sharded_state
             load_sharded_state(path, checkpoint, state.model, state.optimizer)
         elif self.shards_parameters:
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
