@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
 
 
 def train_args(root, run_name: str, steps: int) -> list[str]:
-    return ["--model=nano", "--block_size=128", "--tokenizer=gpt2", "--batch_size=4", "--micro_batch_size=2",
+    return ["--model=nano", "--block_size=128", "--tokenizer=gpt2", "--batch_size=8", "--micro_batch_size=4",
             f"--max_steps={steps}", "--optimizer=adamw", "--lr=3e-3", "--min_lr=3e-4", f"--warmup_steps={min(5, steps)}",
             "--log_interval=20", "--eval_interval=1000", "--val_tokens=1024", "--probe_batch_size=2",
             f"--data_dir={root / 'data'}", f"--out_dir={root}", f"--run_name={run_name}", "--zero_shot_tasks=paper",
