@@ -20,6 +20,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 from tqdm import tqdm
 
 import optim
@@ -40,6 +41,10 @@ from training.qk_clip import QKClip
 from training.run_config import RunConfig, resolve_config
 from training.schedule import learning_rate
 from training.state import LossWindow, RankRNG, RunState
+
+# The parts of a training step (Trainer.phase). Gradient reduction runs inside "backward" (DDP's
+# and FSDP2's hooks).
+PHASES = ("data", "forward", "backward", "clip", "optimizer", "qk_clip", "extra_pass", "instruments")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -165,6 +170,9 @@ class Trainer:
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
         if self.noise_scale and self.noise_scale.in_comm_hook:
             self.train_model.register_comm_hook(None, self.noise_scale.comm_hook)
+        # Each part of a step (PHASES) runs in ``with self.phase(name)``: a torch.profiler range, so a
+        # trace shows the parts; scripts/bench_train puts a timer here instead.
+        self.phase = record_function
         self.stop_signal = None  # the name of a signal that asked the run to save and stop
         # (Restored by close(): a Trainer run inside another program leaves its handlers as they were.)
         self.saved_handlers = {sig: signal.signal(sig, handler) for sig, handler in
@@ -206,13 +214,7 @@ class Trainer:
             self.loss_window.add(loss, finite)
             self.state.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
             interval_steps += 1
-            # After the step, before anything reads the weights: weight interventions (QK-Clip caps
-            # each head's attention logit on this step's batch), then an optimizer's extra pass, a
-            # forward and backward of its own (Sophia-G's Hessian estimate, every 10 steps).
-            if self.qk_clip:
-                self.qk_clip.apply(finite, record=log_step)
-            if self.optimizer.extra_pass_due(self.step):
-                self.optimizer.extra_pass(self.gradients, config.seed)
+            self.after_step(finite, log_step)  # QK-Clip, an optimizer's extra pass (Sophia-G's Hessian)
             progress.update()
             if self.step == first_step + 1:  # the optimizer state exists from the first step on
                 report = self.memory_report()
@@ -222,7 +224,8 @@ class Trainer:
             final = self.step == self.total_steps
             if log_step:
                 elapsed = self._synchronize_time(interval_start)
-                self.log_train(self.loss_window.pop_mean(), interval_steps, elapsed, progress)
+                with self.phase("instruments"):
+                    self.log_train(self.loss_window.pop_mean(), interval_steps, elapsed, progress)
                 interval_start, interval_steps = time.perf_counter(), 0
             if self.step % config.eval_interval == 0 or final:
                 self.log(self.validation())
@@ -259,8 +262,9 @@ class Trainer:
             total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
                                                measure=log_step and self.noise_scale is not None)
         # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
-        self.grad_norm = self.layout.full_tensor(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
+        with self.phase("clip"):
+            self.grad_norm = self.layout.full_tensor(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         finite = total_loss.isfinite() if self.scaler.is_enabled() else self.grad_norm.isfinite()
@@ -268,14 +272,25 @@ class Trainer:
         diagnose = log_step and self.layout.measures_optimizer()
         if diagnose:
             self.optimizer.request_diagnostics()
-        with self.update_statistics.measured() if diagnose else nullcontext():
+        with self.phase("optimizer"), self.update_statistics.measured() if diagnose else nullcontext():
             if self.config.nonfinite == "skip" and not self.scaler.is_enabled():
                 self.optimizer.step_unless(~finite)  # on the device: no host sync
             else:
                 self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
         return total_loss, finite
+
+    def after_step(self, finite: torch.Tensor, log_step: bool = False) -> None:
+        """What acts after an optimizer step, before anything reads the weights: weight interventions
+        (QK-Clip caps each head's attention logit on this step's batch), then an optimizer's extra
+        pass, a forward and backward of its own (Sophia-G's Hessian estimate, every 10 steps)."""
+        if self.qk_clip:
+            with self.phase("qk_clip"):
+                self.qk_clip.apply(finite, record=log_step)
+        if self.optimizer.extra_pass_due(self.step):
+            with self.phase("extra_pass"):
+                self.optimizer.extra_pass(self.gradients, self.config.seed)
 
     def check_finite(self):
         """Apply the non-finite policy where the loop syncs anyway (log steps, checkpoints): "stop"
@@ -317,13 +332,15 @@ class Trainer:
             self.noise_scale.begin(self.scaler.get_scale())  # (1.0 without float16)
         total_loss = torch.zeros((), device=self.device)
         for micro_step in range(self.grad_accum):
-            offset = self.train_loader.next_offset
-            x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
+            with self.phase("data"):
+                offset = self.train_loader.next_offset
+                x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
             # Gradients are reduced across the ranks only on the last micro-step.
             last = micro_step == self.grad_accum - 1
-            with self.layout.gradient_sync(self.train_model, last), self.autocast:
+            with self.phase("forward"), self.layout.gradient_sync(self.train_model, last), self.autocast:
                 loss = loss_fn(self.train_model, x, y, offset) / self.grad_accum
-            self.scaler.scale(loss).backward()
+            with self.phase("backward"):
+                self.scaler.scale(loss).backward()
             total_loss += loss.detach()
             if measure:
                 self.noise_scale.after_backward(micro_step)

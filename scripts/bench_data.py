@@ -15,7 +15,6 @@ import argparse
 import json
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,6 +97,7 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     from configs import load_config
     from data.loader import TokenLoader
     from model import GPT
+    from scripts.bench_train import median_ms
     from training.run_config import resolve_config
 
     run = resolve_config(load_config(ROOT / "configs" / "default.py"))
@@ -107,17 +107,8 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     optimizer = optim.build(config.optimizer, model, **run.optimizer_kwargs)
     block, batch = model_config.block_size, config.micro_batch_size
 
-    def median_ms(fn) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(times)
-
     loader = TokenLoader(data_dir, "train", batch, block, vocab_size=50257)
-    load_ms = median_ms(loader.next_batch)
+    load_ms = median_ms(loader.next_batch, steps)
     x, y = loader.next_batch()
 
     def train_step():
@@ -125,12 +116,12 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    step_ms = median_ms(train_step)
+    step_ms = median_ms(train_step, steps)
     print(f"\nloader: {load_ms:.3f} ms per {batch}x{block} micro-batch; the default model's training step "
           f"{step_ms:.1f} ms: the loader is {100 * load_ms / step_ms:.2f}% of a step")
     for align in (False, True):
         big = TokenLoader(data_dir, "train", 8, 1024, vocab_size=50257, align_documents=align, eot_token=50256)
-        print(f"loader: {median_ms(big.next_batch):.3f} ms per 8x1024 micro-batch (GPT-2's context)"
+        print(f"loader: {median_ms(big.next_batch, steps):.3f} ms per 8x1024 micro-batch (GPT-2's context)"
               f"{', document-aligned' if align else ''}")
         big.close()
 

@@ -17,44 +17,15 @@ maximum in the training forward, the MAX all-reduce and the rows' scaling): step
 alternate with ordinary steps, and the median of their per-pair ratios is printed.
 """
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.bench_train import ROOT, log_step_ms, median_ms, paired_ratio, synthetic_trainer
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def paired_ratio(fn, baseline, repeats: int) -> tuple[float, float]:
-    """(median ms of fn, median of fn's time over baseline's), the two alternating (a shared
-    machine's speed drifts)."""
-    fn(), baseline()  # warm-up
-    times, ratios = [], []
-    for _ in range(repeats):
-        pair = []
-        for f in (baseline, fn):
-            start = time.perf_counter()
-            f()
-            pair.append(time.perf_counter() - start)
-        times.append(pair[1])
-        ratios.append(pair[1] / pair[0])
-    return 1e3 * statistics.median(times), statistics.median(ratios)
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.py")
     parser.add_argument("--steps", type=int, default=20, help="timed repetitions of each part (median)")
@@ -63,37 +34,19 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from configs import load_config
-    from data.shards import write_shard
-    from train import Trainer
-    from training.run_config import resolve_config
-    from training.instruments import probe_record
     from training.qk_clip import QKClip
 
+    overrides = [f"--{item}" for item in args.set]
+    config = load_config(args.config, overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        rng = np.random.default_rng(0)
-        for split in ("train", "val"):
-            write_shard(Path(tmp) / f"{split}_000000.bin", rng.integers(0, 256, 2_000_000, dtype=np.uint16))
-        base = load_config(args.config, [f"--{item}" for item in args.set])
-        config = load_config(args.config, [f"--{item}" for item in args.set] + [
-            f"--data_dir={tmp}", f"--out_dir={tmp}/runs", "--tokenizer=byte", "--wandb_mode=disabled",
-            f"--micro_batch_size={max(1, base.batch_size // 2)}"])
-        trainer = Trainer(resolve_config(config))
+        trainer = synthetic_trainer(args.config, overrides + ["--tokenizer=byte",
+                                                             f"--micro_batch_size={max(1, config.batch_size // 2)}"],
+                                    Path(tmp))
         try:
             assert trainer.noise_scale is not None, "the noise scale needs accumulation: batch_size >= 2"
-            probe_batch = trainer.probe_batch.to(trainer.device)
 
             def ordinary():
                 trainer.train_step()
-
-            def measured():
-                trainer.train_step(log_step=True)
-                trainer.noise_scale.estimate(trainer.ctx)
-                trainer.update_statistics.pop()
-                trainer.optimizer.pop_diagnostics()
-
-            def probe():
-                with trainer.autocast:
-                    probe_record(trainer.model, probe_batch)
 
             def clipped():
                 with qk_clip.measuring():
@@ -101,13 +54,12 @@ def main(argv=None) -> None:
                 qk_clip.apply(torch.ones((), dtype=torch.bool))
 
             step_ms = median_ms(ordinary, args.steps)
-            measured_ms = median_ms(measured, args.steps)
-            probe_ms = median_ms(probe, args.steps)
+            measured_ms, probe_ms = log_step_ms(trainer, args.steps)
             qk_clip = QKClip(trainer.model, tau=100.0, ctx=trainer.ctx)
             clipped_ms, clipped_ratio = paired_ratio(clipped, ordinary, args.steps)
         finally:
             trainer.close()
-    m = trainer.model_config
+    config, m = trainer.config, trainer.model_config
     extra = measured_ms - step_ms + probe_ms
     print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}; "
           f"batch {config.batch_size} = {config.micro_batch_size} x 2 micro-steps; probe batch {config.probe_batch_size}")
@@ -117,6 +69,8 @@ def main(argv=None) -> None:
         print(f"overhead at log_interval {interval}: {100 * extra / (interval * step_ms):.2f}% of training time")
     print(f"QK-Clip on every step: {clipped_ms:.1f} ms a step, {100 * (clipped_ratio - 1):+.1f}% (median of "
           f"{args.steps} pairs with an ordinary step)")
+    return {"step_ms": step_ms, "measured_step_ms": measured_ms, "probe_ms": probe_ms, "log_step_extra_ms": extra,
+            "qk_clip_step_ms": clipped_ms, "qk_clip_ratio": clipped_ratio}
 
 
 if __name__ == "__main__":

@@ -14,9 +14,15 @@
    Small shapes, fp32 and bf16.
 3. model: training steps (forward, backward, MERIT step) under bf16 autocast, with SDPA's flash
    kernel on CUDA, eager and torch.compile'd (CUDA): their losses agree; ms/step, tokens/s, MFU.
-Prints a line per check; exits 1 if any failed.
+4. training (CUDA only): scripts/bench_train.py on GPT-2 Small (block 1024, batch 16) in bf16,
+   eager with every optimizer and compiled with AdamW, MERIT and Muon: tokens/s, MFU, the step's
+   parts, each whole step against AdamW's; scripts/bench_instruments.py's QK-Clip overhead.
+Prints a line per check and writes every number to --json (check_cuda.json); exits 1 if any
+check failed.
 """
 import argparse
+import json
+import math
 import os
 import sys
 import time
@@ -45,6 +51,7 @@ OPTIMIZERS = {
 }
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs the torch reference
 failures = []
+results = {}  # every measured number, written to --json
 
 
 def report(name: str, ok: bool, detail: str) -> None:
@@ -93,16 +100,16 @@ def check_optimizers(device: torch.device, quick: bool) -> None:
         reference = run_optimizer(make, "torch", shapes, torch.device("cpu"), torch.float64, steps, flagged=False)
         for dtype in (torch.float32, torch.bfloat16):
             label = f"optimizer {name} {str(dtype).removeprefix('torch.')}"
-            results = {}
+            stepped = {}
             for backend in ("triton", "torch"):
                 try:
-                    results[backend] = run_optimizer(make, backend, shapes, device, dtype, steps, flagged)
+                    stepped[backend] = run_optimizer(make, backend, shapes, device, dtype, steps, flagged)
                 except RuntimeError as error:  # a host sync, a kernel that failed
                     report(f"{label} ({backend})", False, f"{type(error).__name__}: {error}")
                     break
             else:
-                vs_torch = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], results["torch"]))
-                vs_fp64 = max((a - b).abs().max() / b.abs().max() for a, b in zip(results["triton"], reference))
+                vs_torch = max((a - b).abs().max() / b.abs().max() for a, b in zip(stepped["triton"], stepped["torch"]))
+                vs_fp64 = max((a - b).abs().max() / b.abs().max() for a, b in zip(stepped["triton"], reference))
                 report(label, vs_torch <= TOLERANCE[dtype],
                        f"vs torch reference {vs_torch:.1e}, vs float64 {vs_fp64:.1e}")
 
@@ -116,6 +123,32 @@ def check_speed(device: torch.device) -> None:
             share = f", Newton-Schulz {newton_schulz_ms:.2f} ms" if newton_schulz_ms is not None else ""
             print(f"      speed {name:<8} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
                   f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}{share}", flush=True)
+            results[f"optimizer step {name} {str(dtype).removeprefix('torch.')}"] = {
+                "ms": ms, "fused_adamw_ms": base, "ratio": ratio, "newton_schulz_ms": newton_schulz_ms}
+
+
+# GPT-2 Small as bench_train's overrides of configs/default.py.
+GPT2_SMALL = ["model=gpt2", "block_size=1024", "tokenizer=gpt2", "batch_size=16", "micro_batch_size=16",
+              "dtype=bfloat16", "device=cuda", "probe_batch_size=4"]
+
+
+def check_train(device: torch.device) -> None:
+    from scripts import bench_instruments, bench_train
+
+    runs = {"eager": (False, ["adamw", "merit", "lamb", "lion", "sophiag", "muon"]),
+            "compiled": (True, ["adamw", "merit", "muon"])}
+    for label, (compiled, names) in runs.items():
+        measured = bench_train.main([*(f"--set={s}" for s in GPT2_SMALL), f"--set=compile={compiled}", "--steps=10",
+                                     "--compare", *names])
+        results[f"train GPT-2 Small bf16 {label}"] = measured
+        ratios = ", ".join(f"{name} {measured['compare'][name]['ratio']:.3f}x" for name in names[1:])
+        report(f"train GPT-2 Small bf16 {label}", math.isfinite(measured["tokens_per_s"]),
+               f"{measured['tokens_per_s']:,.0f} tokens/s, {measured['flops'] / 1e12:.0f} TFLOP/s; against "
+               f"AdamW: {ratios}")
+    overhead = bench_instruments.main([*(f"--set={s}" for s in GPT2_SMALL), "--steps=10"])
+    results["instruments GPT-2 Small bf16"] = overhead
+    report("QK-Clip overhead GPT-2 Small bf16", math.isfinite(overhead["qk_clip_ratio"]),
+           f"{100 * (overhead['qk_clip_ratio'] - 1):+.1f}% a step")
 
 
 def check_model(device: torch.device, quick: bool) -> None:
@@ -151,6 +184,8 @@ def check_model(device: torch.device, quick: bool) -> None:
         tokens_per_s = batch * config.block_size / (ms / 1e3)
         mfu = model.estimate_mfu(tokens_per_s, peak_bf16_flops("H200"))
         label = "compiled" if compiled else "eager"
+        results[f"model {label} bf16 train step"] = {"ms": ms, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                                                     "first_step_s": times[0]}
         report(f"model {label} bf16 train step", torch.isfinite(loss).item(),
                f"{ms:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, MFU {100 * mfu:.1f}% of H200 bf16 "
                f"(first step {times[0]:.1f} s, loss {losses[compiled]:.4f})")
@@ -165,6 +200,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small shapes and models (the CPU self-test)")
+    parser.add_argument("--json", default="check_cuda.json", help="where every measured number is written")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -179,6 +215,11 @@ def main() -> None:
     if device.type == "cuda":
         check_speed(device)
     check_model(device, args.quick)
+    if device.type == "cuda":
+        check_train(device)
+    results["failures"] = failures
+    with open(args.json, "w") as file:
+        json.dump({"device": name, "torch": torch.__version__, **results}, file, indent=2)
     print("all checks passed" if not failures else f"FAILED: {', '.join(failures)}")
     sys.exit(1 if failures else 0)
 

@@ -138,15 +138,18 @@ def test_without_triton_a_named_backend_is_an_error_and_auto_warns_once(monkeypa
 
 
 @pytest.mark.slow  # a process of its own, compiling or interpreting every kernel
-def test_check_cuda_script_runs_its_checks_on_the_cpu():
+def test_check_cuda_script_runs_its_checks_on_the_cpu(tmp_path):
     # scripts/check_cuda.py is what a GPU session runs; here its code runs on the CPU (Triton's
     # interpreter, small shapes), so that it works the first time a GPU is at hand.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
-    result = subprocess.run([sys.executable, "-m", "scripts.check_cuda", "--device", "cpu", "--quick"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=600)
+    out = tmp_path / "check_cuda.json"
+    result = subprocess.run([sys.executable, "-m", "scripts.check_cuda", "--device", "cpu", "--quick",
+                             f"--json={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     optimizer_checks = [line for line in lines if line.startswith("PASS  optimizer ")]
     assert len(optimizer_checks) == 2 * 9  # fp32 and bf16 for each optimizer and ablation
     assert any(line.startswith("PASS  model eager bf16 train step") for line in lines)
     assert lines[-1] == "all checks passed"
+    written = json.loads(out.read_text())
+    assert written["failures"] == [] and written["model eager bf16 train step"]["tokens_per_s"] > 0

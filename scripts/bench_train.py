@@ -1,0 +1,244 @@
+"""Where a training step's time goes: tokens/s, FLOP/s against the device's limit, the step's parts,
+and each optimizer's whole step against AdamW's.
+
+    python -m scripts.bench_train [--config configs/default.py] [--set key=value ...] [--steps 20]
+                                  [--warmup 3] [--compare adamw merit muon ...] [--json FILE]
+
+Trains the config's model in this process (one rank) on random tokens of its tokenizer, written to
+a temporary folder (no data needed), and prints:
+
+* tokens/s of ordinary steps: the loop's own iteration (``Trainer.train_step`` and
+  ``Trainer.after_step``: QK-Clip and Sophia-G's extra pass where the config has them; no
+  instrument runs), the median over --steps after --warmup;
+* the achieved training FLOP/s (``GPT.flops_per_token`` x tokens/s: nanoGPT's and PaLM's count,
+  attention included) against a measured large matmul in the compute dtype, the limit a step
+  made of matmuls approaches (on a GPU also against the nominal bf16 peak: train.py's MFU);
+* one ordinary step's parts (``train.PHASES``: a clock in ``Trainer.phase`` that waits for the
+  device at each boundary), each in ms and as a share of the step so timed; "other" is the rest
+  (the lr schedule, the loss sum, Python);
+* the instruments of a log step amortised over ``log_interval`` (their parts:
+  scripts/bench_instruments);
+* with --compare: one trainer per optimizer (the same model, batches and backend), their steps
+  interleaved round by round (a shared machine's speed drifts by tens of percent), each one's
+  median step and the median of its per-round ratio to the first optimizer's.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return 1e3 * (time.perf_counter() - start)
+
+
+def median_ms(fn, repeats: int, device: torch.device = torch.device("cpu")) -> float:
+    fn()  # warm-up
+    return statistics.median(timed_ms(fn, device) for _ in range(repeats))
+
+
+def paired_ratio(fn, baseline, repeats: int, device: torch.device = torch.device("cpu")) -> tuple[float, float]:
+    """(median ms of fn, median of fn's time over baseline's), the two alternating."""
+    fn(), baseline()  # warm-up
+    times, ratios = [], []
+    for _ in range(repeats):
+        base, ms = timed_ms(baseline, device), timed_ms(fn, device)
+        times.append(ms)
+        ratios.append(ms / base)
+    return statistics.median(times), statistics.median(ratios)
+
+
+def synthetic_trainer(config_path: Path, overrides: list[str], folder: Path, run_name: str = "bench"):
+    """A Trainer of the config (train.py's ``--key=value`` overrides) on 2M random tokens of its
+    tokenizer written under ``folder``: no data, no wandb, nothing kept."""
+    from configs import load_config
+    from data.shards import write_shard
+    from data.tokenizer import get_tokenizer
+    from train import Trainer
+    from training.run_config import resolve_config
+
+    tokenizer = load_config(config_path, overrides).tokenizer
+    data = folder / "data" / tokenizer
+    if not data.exists():
+        rng = np.random.default_rng(0)
+        vocab = get_tokenizer(tokenizer).n_vocab
+        for split in ("train", "val"):
+            write_shard(data / f"{split}_000000.bin", rng.integers(0, vocab, 2_000_000, dtype=np.uint16))
+    config = load_config(config_path, overrides + [f"--data_dir={data}", f"--out_dir={folder / 'runs'}",
+                                                   f"--run_name={run_name}", "--wandb_mode=disabled"])
+    return Trainer(resolve_config(config))
+
+
+def loop_step(trainer) -> None:
+    """An ordinary iteration of Trainer.train()'s loop, without its logging."""
+    _, finite = trainer.train_step()
+    trainer.state.step += 1
+    trainer.after_step(finite)
+
+
+def log_step_ms(trainer, repeats: int) -> tuple[float, float]:
+    """(a measured step, the probe), median ms: what a log step adds to an ordinary one is their sum
+    less an ordinary step (train.py's log_train reads these)."""
+    from training.instruments import probe_record
+
+    def measured():
+        trainer.train_step(log_step=True)
+        if trainer.noise_scale is not None:
+            trainer.noise_scale.estimate(trainer.ctx)
+        trainer.update_statistics.pop()
+        trainer.optimizer.pop_diagnostics()
+
+    probe_batch = trainer.probe_batch.to(trainer.device)
+
+    def probe():
+        with trainer.autocast:
+            probe_record(trainer.model, probe_batch)
+
+    return median_ms(measured, repeats, trainer.device), median_ms(probe, repeats, trainer.device)
+
+
+class PhaseClock:
+    """``Trainer.phase``'s stand-in: the wall time of each part, the device waited for at both ends.
+    A part inside another (the forward of Sophia-G's extra pass) counts as the outer one's."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.ms, self.inside = device, defaultdict(float), False
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.inside:
+            yield
+            return
+        synchronize(self.device)
+        start, self.inside = time.perf_counter(), True
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.inside = False
+            self.ms[name] += 1e3 * (time.perf_counter() - start)
+
+
+def breakdown(trainer, steps: int) -> tuple[dict[str, float], float]:
+    """({phase: ms per step}, the whole step's ms) over ``steps`` ordinary steps timed by parts."""
+    from train import PHASES
+    clock = PhaseClock(trainer.device)
+    trainer.phase = clock
+    try:
+        total = sum(timed_ms(lambda: loop_step(trainer), trainer.device) for _ in range(steps)) / steps
+    finally:
+        from torch.profiler import record_function
+        trainer.phase = record_function
+    parts = {name: clock.ms[name] / steps for name in PHASES if name in clock.ms}
+    parts["other"] = max(0.0, total - sum(parts.values()))
+    return parts, total
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
+    """FLOP/s of a large square matmul (n = 2048 on a CPU, 8192 on a GPU) in ``dtype``: what the
+    device sustains on the operation a transformer's step is made of."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    ms = median_ms(lambda: a @ b, repeats, device)
+    return 2 * n ** 3 / (ms / 1e3)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.py")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, as train.py's --key=value")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (medians over them)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--compare", nargs="+", metavar="OPTIMIZER",
+                        help="optimizers whose whole steps are compared, interleaved, to the first's")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    overrides = [f"--{item}" for item in args.set]
+    names = args.compare or [None]
+
+    results = {"config": str(args.config), "overrides": args.set}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {}
+        try:
+            for i, name in enumerate(names):
+                extra = [] if name is None else [f"--optimizer={name}", "--optimizer_options={}"]
+                trainers[name] = synthetic_trainer(args.config, overrides + extra, Path(tmp), run_name=f"bench{i}")
+            first = trainers[names[0]]
+            device, config, model = first.device, first.config, first.model
+            for trainer in trainers.values():
+                for _ in range(args.warmup):
+                    loop_step(trainer)
+            # Whole steps, the trainers taking turns.
+            step_ms = {name: [] for name in names}
+            for _ in range(args.steps):
+                for name, trainer in trainers.items():
+                    step_ms[name].append(timed_ms(lambda: loop_step(trainer), device))
+            parted = {name: breakdown(trainer, args.steps) for name, trainer in trainers.items()}
+            measured_ms, probe_ms = log_step_ms(first, max(3, args.steps // 4))
+            peak = matmul_flops(device, first.dtype)
+        finally:
+            for trainer in trainers.values():
+                trainer.close()
+
+    median = {name: statistics.median(times) for name, times in step_ms.items()}
+    parts, parted_ms = parted[names[0]]
+    tokens_per_s = first.tokens_per_step / (median[names[0]] / 1e3)
+    flops = model.flops_per_token() * tokens_per_s
+    instruments_ms = (measured_ms + probe_ms - median[names[0]]) / config.log_interval
+    m = first.model_config
+    label = names[0] or config.optimizer
+    print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
+          f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
+          f"{config.micro_batch_size} x {first.grad_accum}; {first.dtype} on {device} "
+          f"({torch.get_num_threads()} threads); optimizer {label}, compile {config.compile}")
+    print(f"step {median[names[0]]:.1f} ms (median of {args.steps}), {tokens_per_s:,.0f} tokens/s; "
+          f"{flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a {peak / 1e9:.1f} GFLOP/s "
+          f"{str(first.dtype).removeprefix('torch.')} matmul here"
+          + (f", MFU {100 * model.estimate_mfu(tokens_per_s, first.peak_flops):.1f}% of the nominal peak"
+             if first.peak_flops else ""))
+    print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
+    for name, ms in parts.items():
+        print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
+    print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / median[names[0]]:5.1f}%  "
+          f"(a log step's, amortised over log_interval {config.log_interval})")
+    results.update(model=config.model, params=model.num_params(), dtype=str(first.dtype), device=str(device),
+                   step_ms=median[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak,
+                   parts_ms=parts, parts_step_ms=parted_ms, instruments_ms=instruments_ms)
+    if args.compare:
+        print(f"whole steps, interleaved ({args.steps} rounds), against {names[0]}'s; the optimizer's part of a step:")
+        results["compare"] = {}
+        for name in names:
+            ratio = statistics.median(a / b for a, b in zip(step_ms[name], step_ms[names[0]]))
+            name_parts, name_ms = parted[name]
+            optimizer_share = name_parts.get("optimizer", 0.0) / name_ms
+            print(f"  {name:10s} {median[name]:9.1f} ms  {ratio:6.3f}x   optimizer {name_parts.get('optimizer', 0.0):8.2f} ms "
+                  f"= {100 * optimizer_share:4.1f}%")
+            results["compare"][name] = {"step_ms": median[name], "ratio": ratio, "parts_ms": name_parts}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
