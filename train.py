@@ -259,7 +259,7 @@ class Trainer:
             group["lr"] = lr
         z_loss = self.config.z_loss
         with self.qk_clip.measuring() if self.qk_clip else nullcontext():  # (the logits QK-Clip caps)
-            total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss)[1],
+            total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss, logits=False)[1],
                                                measure=log_step and self.noise_scale is not None)
         # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
         with self.phase("clip"):

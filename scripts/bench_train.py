@@ -9,7 +9,7 @@ a temporary folder (no data needed), and prints:
 
 * tokens/s of ordinary steps: the loop's own iteration (``Trainer.train_step`` and
   ``Trainer.after_step``: QK-Clip and Sophia-G's extra pass where the config has them; no
-  instrument runs), the median over --steps after --warmup;
+  instrument runs), the mean over --steps after --warmup (a periodic extra pass included);
 * the achieved training FLOP/s (``GPT.flops_per_token`` x tokens/s: nanoGPT's and PaLM's count,
   attention included) against a measured large matmul in the compute dtype, the limit a step
   made of matmuls approaches (on a GPU also against the nominal bf16 peak: train.py's MFU);
@@ -20,7 +20,7 @@ a temporary folder (no data needed), and prints:
   scripts/bench_instruments);
 * with --compare: one trainer per optimizer (the same model, batches and backend), their steps
   interleaved round by round (a shared machine's speed drifts by tens of percent), each one's
-  median step and the median of its per-round ratio to the first optimizer's.
+  mean step and its ratio to the first optimizer's.
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.py")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override, as train.py's --key=value")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps (medians over them)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (their mean)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--compare", nargs="+", metavar="OPTIMIZER",
                         help="optimizers whose whole steps are compared, interleaved, to the first's")
@@ -201,18 +201,19 @@ def main(argv=None) -> dict:
             for trainer in trainers.values():
                 trainer.close()
 
-    median = {name: statistics.median(times) for name, times in step_ms.items()}
+    # Means, not medians: Sophia-G's extra pass every 10 steps belongs to its average step.
+    mean = {name: statistics.fmean(times) for name, times in step_ms.items()}
     parts, parted_ms = parted[names[0]]
-    tokens_per_s = first.tokens_per_step / (median[names[0]] / 1e3)
+    tokens_per_s = first.tokens_per_step / (mean[names[0]] / 1e3)
     flops = model.flops_per_token() * tokens_per_s
-    instruments_ms = (measured_ms + probe_ms - median[names[0]]) / config.log_interval
+    instruments_ms = (measured_ms + probe_ms - mean[names[0]]) / config.log_interval
     m = first.model_config
     label = names[0] or config.optimizer
     print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
           f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
           f"{config.micro_batch_size} x {first.grad_accum}; {first.dtype} on {device} "
           f"({torch.get_num_threads()} threads); optimizer {label}, compile {config.compile}")
-    print(f"step {median[names[0]]:.1f} ms (median of {args.steps}), {tokens_per_s:,.0f} tokens/s; "
+    print(f"step {mean[names[0]]:.1f} ms (mean of {args.steps}), {tokens_per_s:,.0f} tokens/s; "
           f"{flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a {peak / 1e9:.1f} GFLOP/s "
           f"{str(first.dtype).removeprefix('torch.')} matmul here"
           + (f", MFU {100 * model.estimate_mfu(tokens_per_s, first.peak_flops):.1f}% of the nominal peak"
@@ -220,21 +221,22 @@ def main(argv=None) -> dict:
     print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
     for name, ms in parts.items():
         print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
-    print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / median[names[0]]:5.1f}%  "
+    print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / mean[names[0]]:5.1f}%  "
           f"(a log step's, amortised over log_interval {config.log_interval})")
     results.update(model=config.model, params=model.num_params(), dtype=str(first.dtype), device=str(device),
-                   step_ms=median[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak,
+                   step_ms=mean[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak,
                    parts_ms=parts, parts_step_ms=parted_ms, instruments_ms=instruments_ms)
     if args.compare:
-        print(f"whole steps, interleaved ({args.steps} rounds), against {names[0]}'s; the optimizer's part of a step:")
+        print(f"whole steps, interleaved ({args.steps} rounds), mean against {names[0]}'s; the optimizer's part of "
+              f"a step:")
         results["compare"] = {}
         for name in names:
-            ratio = statistics.median(a / b for a, b in zip(step_ms[name], step_ms[names[0]]))
+            ratio = mean[name] / mean[names[0]]
             name_parts, name_ms = parted[name]
             optimizer_share = name_parts.get("optimizer", 0.0) / name_ms
-            print(f"  {name:10s} {median[name]:9.1f} ms  {ratio:6.3f}x   optimizer {name_parts.get('optimizer', 0.0):8.2f} ms "
+            print(f"  {name:10s} {mean[name]:9.1f} ms  {ratio:6.3f}x   optimizer {name_parts.get('optimizer', 0.0):8.2f} ms "
                   f"= {100 * optimizer_share:4.1f}%")
-            results["compare"][name] = {"step_ms": median[name], "ratio": ratio, "parts_ms": name_parts}
+            results["compare"][name] = {"step_ms": mean[name], "ratio": ratio, "parts_ms": name_parts}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return results

@@ -254,6 +254,46 @@ def test_z_loss_and_its_gradient_match_a_hand_written_reference(z_loss):
         torch.testing.assert_close(got, p.grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("z_loss", [0.0, 1e-2])
+def test_training_loss_without_logits_is_the_loss_and_its_gradient(z_loss, monkeypatch):
+    # A vocabulary of 8 x n_embd: the training forward takes torch's chunked linear_cross_entropy
+    # (chunks of 8 positions here, so that 40 positions make several and a partial one); with
+    # z-loss it needs every log Z and takes the whole logits. Loss and gradients against the
+    # written-out reference, float64.
+    import model as model_module
+    monkeypatch.setattr(model_module, "LOSS_CHUNK", 8)
+    model = tiny_model(vocab_size=96, bias=False)
+    idx = random_tokens(model, 4, 10)
+    targets = random_tokens(model, 4, 10, seed=2)
+    targets[0, :3] = -1
+    chunked = []
+    linear_cross_entropy = torch.nn.functional.linear_cross_entropy
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy",
+                        lambda *args, **kwargs: chunked.append(kwargs["options"]) or linear_cross_entropy(*args, **kwargs))
+    logits, loss = model(idx, targets, z_loss=z_loss, logits=False)
+    assert logits is None and len(chunked) == (0 if z_loss else 1)
+    assert not chunked or chunked[0].batch_chunk_size == 8
+    loss.backward()
+    got_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits, _ = reference_forward(model, idx)
+    keep = targets != -1
+    log_z = logits.exp().sum(-1).log()
+    nll = (log_z - logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1))[keep].mean()
+    expected = nll + z_loss * (log_z[keep] ** 2).mean()
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+    for got, p in zip(got_grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_a_small_vocabulary_keeps_the_whole_logits():
+    model = tiny_model(vocab_size=95)  # < 8 x n_embd (96)
+    assert not model.chunks_loss() and tiny_model(vocab_size=96).chunks_loss()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not tiny_model(vocab_size=96).chunks_loss()  # under autocast the logits are bf16's
+
+
 # ---- weights, init, sizes ----
 
 def test_embeddings_are_tied():
