@@ -1,13 +1,16 @@
 """Training speed and memory against nanoGPT's train.py, side by side; installs nothing.
 
-    python -m scripts.bench_nanogpt --nanogpt PATH [--repeats 3] [--steps 40] [--device cpu]
-                                    [--dtype float32] [--compile] [--set key=value ...]
+    python -m scripts.bench_nanogpt --nanogpt PATH [--shape gpt2-vocab|default] [--repeats 3]
+                                    [--steps 40] [--device cpu] [--dtype float32] [--compile]
+                                    [--set key=value ...]
 
 PATH is a checkout of https://github.com/karpathy/nanoGPT (MIT-licensed: it is run from there,
-never copied here). Both train the same model (4 layers, 4 heads, 256 dims, block 256, GPT-2's
-vocabulary padded to 50304, no biases, no dropout) with AdamW at batch 16 x 256 tokens for
---steps steps, on the same random GPT-2 tokens, each in a fresh process (nanoGPT's reads
-``train.bin``; ours the same tokens as an llm.c shard), the two alternating --repeats times.
+never copied here). Both train the same model with AdamW at batch 16 x 256 tokens for --steps
+steps, no biases, no dropout, on the same random tokens, each in a fresh process (nanoGPT's reads
+``train.bin``; ours the same tokens as an llm.c shard), the two alternating --repeats times. The
+shapes: ``gpt2-vocab`` 4 layers, 4 heads, 256 dims, block 256, GPT-2's vocabulary padded to 50304;
+``default`` the default job's model (configs/default.py: 4 layers, 4 heads, 128 dims, block 256,
+the byte vocabulary padded to 320; nanoGPT reads that size from a ``meta.pkl``).
 nanoGPT evaluates once at the start (``eval_iters=1``) and saves nothing; ours validates at the
 start and the end (``val_tokens`` = one batch), logs every 10 steps (the probe included) and saves
 its checkpoint: it is charged for its extras. Per pair: the whole process's wall time, its
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import re
 import statistics
 import subprocess
@@ -30,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256}
+SHAPES = {"gpt2-vocab": ({"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256}, "gpt2", 50257, None),
+          "default": ({"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256}, "byte", 256, 320)}
 BATCH = 16
 
 
@@ -48,7 +53,7 @@ def run(command: list[str], cwd: Path) -> tuple[float, float, str]:
 
 
 def nanogpt_command(args, data: Path, out: Path) -> list[str]:
-    settings = {**MODEL, "dataset": str(data), "out_dir": str(out), "batch_size": BATCH,
+    settings = {**SHAPES[args.shape][0], "dataset": str(data), "out_dir": str(out), "batch_size": BATCH,
                 "gradient_accumulation_steps": 1, "max_iters": args.steps, "lr_decay_iters": args.steps,
                 "warmup_iters": 2, "eval_interval": 10 ** 9, "eval_iters": 1, "log_interval": 1,
                 "always_save_checkpoint": False, "device": args.device, "dtype": args.dtype,
@@ -57,10 +62,11 @@ def nanogpt_command(args, data: Path, out: Path) -> list[str]:
 
 
 def our_command(args, data: Path, out: Path) -> list[str]:
-    settings = {"model": "nano", **MODEL, "tokenizer": "gpt2", "bias": False, "dropout": 0.0, "batch_size": BATCH,
+    model, tokenizer = SHAPES[args.shape][:2]
+    settings = {"model": "nano", **model, "tokenizer": tokenizer, "bias": False, "dropout": 0.0, "batch_size": BATCH,
                 "micro_batch_size": BATCH, "max_steps": args.steps, "warmup_steps": 2, "optimizer": "adamw",
                 "lr": 6e-4, "min_lr": 6e-5, "log_interval": 10, "eval_interval": 10 ** 9,
-                "val_tokens": BATCH * MODEL["block_size"], "probe_batch_size": 2, "sample_tokens": 0,
+                "val_tokens": BATCH * model["block_size"], "probe_batch_size": 2, "sample_tokens": 0,
                 "device": args.device, "dtype": args.dtype, "compile": args.compile, "data_dir": str(data),
                 "out_dir": str(out), "run_name": "bench", "wandb_mode": "disabled", "overwrite": True}
     return [sys.executable, "train.py", *(f"--{key}={value!r}" for key, value in settings.items()),
@@ -72,15 +78,16 @@ def nanogpt_step_ms(output: str) -> float:
     return statistics.median(times[10:])
 
 
-def our_step_ms(run_dir: Path) -> float:
+def our_step_ms(run_dir: Path, block_size: int) -> float:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and r["step"] > 10]
-    return 1e3 * BATCH * MODEL["block_size"] / statistics.median(rates)
+    return 1e3 * BATCH * block_size / statistics.median(rates)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (its train.py is run)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-vocab")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device", default="cpu")
@@ -94,9 +101,13 @@ def main(argv=None) -> None:
                  f"git clone https://github.com/karpathy/nanoGPT and pass its path")
     from data.shards import write_shard
 
+    model, _, n_tokens, meta_vocab = SHAPES[args.shape]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000, dtype=np.uint16)
+        tokens = np.random.default_rng(0).integers(0, n_tokens, 4_000_000, dtype=np.uint16)
+        if meta_vocab:  # nanoGPT's vocabulary size for its own data, as its char-level prepare writes it
+            with open(tmp / "meta.pkl", "wb") as file:
+                pickle.dump({"vocab_size": meta_vocab}, file)
         for split in ("train", "val"):
             tokens.tofile(tmp / f"{split}.bin")  # nanoGPT's format: the raw uint16 ids
             write_shard(tmp / "ours" / f"{split}_000000.bin", tokens)  # llm.c's: a header, then the ids
@@ -105,7 +116,7 @@ def main(argv=None) -> None:
             theirs = run(nanogpt_command(args, tmp, tmp / "nanogpt_out"), cwd=args.nanogpt)
             ours = run(our_command(args, tmp / "ours", tmp / "runs"), cwd=ROOT)
             pair = {"nanogpt": (*theirs[:2], nanogpt_step_ms(theirs[2])),
-                    "ours": (*ours[:2], our_step_ms(tmp / "runs" / "bench"))}
+                    "ours": (*ours[:2], our_step_ms(tmp / "runs" / "bench", model["block_size"]))}
             pairs.append(pair)
             (t_wall, t_rss, t_step), (o_wall, o_rss, o_step) = pair["nanogpt"], pair["ours"]
             print(f"pair {repeat + 1}: wall {o_wall:.1f} s vs nanoGPT {t_wall:.1f} s ({o_wall / t_wall:.3f}x); "

@@ -162,7 +162,9 @@ def test_agreement_with_the_harness_hf_backend_on_the_exported_model(trained, ou
     assert export.returncode == 0, export.stderr[-3000:]
     harness = harness_run("hf", tmp_path, tasks_dir, model_args=f"pretrained={tmp_path / 'hf'},dtype=float32",
                           batch_size=4, device="cpu")
-    assert_same_as_harness(ours, harness, atol=1e-4)
+    # The hf backend returns float32 sums: a WikiText page's log-likelihood of -4047 is only known
+    # to its float32 spacing there (4.9e-4), so large values are compared to 2 float32 epsilons.
+    assert_same_as_harness(ours, harness, atol=1e-4, rtol=2 * float(np.finfo(np.float32).eps))
 
 
 @pytest.mark.slow  # the trained fixture, the harness
