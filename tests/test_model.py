@@ -239,10 +239,15 @@ def test_z_loss_and_its_gradient_match_a_hand_written_reference(z_loss):
     targets = random_tokens(model, 2, 10, seed=2)
     targets[0, :3] = -1  # ignored positions count in neither term
     _, loss = model(idx, targets, z_loss=z_loss)
+    assert_loss_and_gradients_are_the_reference(model, idx, targets, z_loss, loss)
+
+
+def assert_loss_and_gradients_are_the_reference(model, idx, targets, z_loss, loss):
+    """``loss`` (of ``model``, not yet backpropagated) and its gradients against the loss written out
+    from reference_forward's logits: the mean NLL over targets != -1 plus z_loss * mean(log Z^2)."""
     loss.backward()
     got_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-
     logits, _ = reference_forward(model, idx)
     keep = targets != -1
     log_z = logits.exp().sum(-1).log()  # log of the softmax normaliser, written out
@@ -273,18 +278,7 @@ def test_training_loss_without_logits_is_the_loss_and_its_gradient(z_loss, monke
     logits, loss = model(idx, targets, z_loss=z_loss, logits=False)
     assert logits is None and len(chunked) == (0 if z_loss else 1)
     assert not chunked or chunked[0].batch_chunk_size == 8
-    loss.backward()
-    got_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    logits, _ = reference_forward(model, idx)
-    keep = targets != -1
-    log_z = logits.exp().sum(-1).log()
-    nll = (log_z - logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1))[keep].mean()
-    expected = nll + z_loss * (log_z[keep] ** 2).mean()
-    expected.backward()
-    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
-    for got, p in zip(got_grads, model.parameters()):
-        torch.testing.assert_close(got, p.grad, rtol=1e-9, atol=1e-12)
+    assert_loss_and_gradients_are_the_reference(model, idx, targets, z_loss, loss)
 
 
 def test_a_small_vocabulary_keeps_the_whole_logits():
