@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench_train import ROOT, log_step_ms, median_ms, paired_ratio, synthetic_trainer
+from scripts.bench_train import ROOT, log_step_ms, paired_ratio, synthetic_trainer
 
 
 def main(argv=None) -> dict:
@@ -45,18 +45,14 @@ def main(argv=None) -> dict:
         try:
             assert trainer.noise_scale is not None, "the noise scale needs accumulation: batch_size >= 2"
 
-            def ordinary():
-                trainer.train_step()
-
             def clipped():
                 with qk_clip.measuring():
                     trainer.train_step()
                 qk_clip.apply(torch.ones((), dtype=torch.bool))
 
-            step_ms = median_ms(ordinary, args.steps)
-            measured_ms, probe_ms = log_step_ms(trainer, args.steps)
+            step_ms, measured_ms, probe_ms = log_step_ms(trainer, args.steps)
             qk_clip = QKClip(trainer.model, tau=100.0, ctx=trainer.ctx)
-            clipped_ms, clipped_ratio = paired_ratio(clipped, ordinary, args.steps)
+            clipped_ms, clipped_ratio = paired_ratio(clipped, trainer.train_step, args.steps)
         finally:
             trainer.close()
     config, m = trainer.config, trainer.model_config

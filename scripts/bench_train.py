@@ -96,9 +96,9 @@ def loop_step(trainer) -> None:
     trainer.after_step(finite)
 
 
-def log_step_ms(trainer, repeats: int) -> tuple[float, float]:
-    """(a measured step, the probe), median ms: what a log step adds to an ordinary one is their sum
-    less an ordinary step (train.py's log_train reads these)."""
+def log_step_ms(trainer, repeats: int) -> tuple[float, float, float]:
+    """(an ordinary ``train_step``, a measured one, the probe), median ms each: what a log step adds
+    is the measured step and the probe less the ordinary step (train.py's log_train reads these)."""
     from training.instruments import probe_record
 
     def measured():
@@ -114,7 +114,8 @@ def log_step_ms(trainer, repeats: int) -> tuple[float, float]:
         with trainer.autocast:
             probe_record(trainer.model, probe_batch)
 
-    return median_ms(measured, repeats, trainer.device), median_ms(probe, repeats, trainer.device)
+    return (median_ms(trainer.train_step, repeats, trainer.device), median_ms(measured, repeats, trainer.device),
+            median_ms(probe, repeats, trainer.device))
 
 
 class PhaseClock:
@@ -142,13 +143,12 @@ class PhaseClock:
 def breakdown(trainer, steps: int) -> tuple[dict[str, float], float]:
     """({phase: ms per step}, the whole step's ms) over ``steps`` ordinary steps timed by parts."""
     from train import PHASES
-    clock = PhaseClock(trainer.device)
+    clock, saved = PhaseClock(trainer.device), trainer.phase
     trainer.phase = clock
     try:
         total = sum(timed_ms(lambda: loop_step(trainer), trainer.device) for _ in range(steps)) / steps
     finally:
-        from torch.profiler import record_function
-        trainer.phase = record_function
+        trainer.phase = saved
     parts = {name: clock.ms[name] / steps for name in PHASES if name in clock.ms}
     parts["other"] = max(0.0, total - sum(parts.values()))
     return parts, total
@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
                 for name, trainer in trainers.items():
                     step_ms[name].append(timed_ms(lambda: loop_step(trainer), device))
             parted = {name: breakdown(trainer, args.steps) for name, trainer in trainers.items()}
-            measured_ms, probe_ms = log_step_ms(first, max(3, args.steps // 4))
+            ordinary_ms, measured_ms, probe_ms = log_step_ms(first, max(3, args.steps // 4))
             peak = matmul_flops(device, first.dtype)
         finally:
             for trainer in trainers.values():
@@ -206,7 +206,7 @@ def main(argv=None) -> dict:
     parts, parted_ms = parted[names[0]]
     tokens_per_s = first.tokens_per_step / (mean[names[0]] / 1e3)
     flops = model.flops_per_token() * tokens_per_s
-    instruments_ms = (measured_ms + probe_ms - mean[names[0]]) / config.log_interval
+    instruments_ms = (measured_ms + probe_ms - ordinary_ms) / config.log_interval
     m = first.model_config
     label = names[0] or config.optimizer
     print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
