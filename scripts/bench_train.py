@@ -2,7 +2,7 @@
 and each optimizer's whole step against AdamW's.
 
     python -m scripts.bench_train [--config configs/default.py] [--set key=value ...] [--steps 20]
-                                  [--warmup 3] [--compare adamw merit muon ...] [--json FILE]
+                                  [--warmup 3] [--compare adamw merit muon ...] [--no-parts] [--json FILE]
 
 Trains the config's model in this process (one rank) on random tokens of its tokenizer, written to
 a temporary folder (no data needed), and prints:
@@ -21,6 +21,9 @@ a temporary folder (no data needed), and prints:
 * with --compare: one trainer per optimizer (the same model, batches and backend), their steps
   interleaved round by round (a shared machine's speed drifts by tens of percent), each one's
   mean step and its ratio to the first optimizer's.
+
+``--no-parts`` leaves out the parts and the instruments (each costs steps of its own: for a
+configuration whose steps take minutes, such as a large batch by gradient accumulation).
 """
 from __future__ import annotations
 
@@ -172,6 +175,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--compare", nargs="+", metavar="OPTIMIZER",
                         help="optimizers whose whole steps are compared, interleaved, to the first's")
+    parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True,
+                        help="time one step's parts and the log step's instruments (default: yes)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     overrides = [f"--{item}" for item in args.set]
@@ -194,8 +199,9 @@ def main(argv=None) -> dict:
             for _ in range(args.steps):
                 for name, trainer in trainers.items():
                     step_ms[name].append(timed_ms(lambda: loop_step(trainer), device))
-            parted = {name: breakdown(trainer, args.steps) for name, trainer in trainers.items()}
-            ordinary_ms, measured_ms, probe_ms = log_step_ms(first, max(3, args.steps // 4))
+            if args.parts:
+                parted = {name: breakdown(trainer, args.steps) for name, trainer in trainers.items()}
+                ordinary_ms, measured_ms, probe_ms = log_step_ms(first, max(3, args.steps // 4))
             peak = matmul_flops(device, first.dtype)
         finally:
             for trainer in trainers.values():
@@ -203,10 +209,8 @@ def main(argv=None) -> dict:
 
     # Means, not medians: Sophia-G's extra pass every 10 steps belongs to its average step.
     mean = {name: statistics.fmean(times) for name, times in step_ms.items()}
-    parts, parted_ms = parted[names[0]]
     tokens_per_s = first.tokens_per_step / (mean[names[0]] / 1e3)
     flops = model.flops_per_token() * tokens_per_s
-    instruments_ms = (measured_ms + probe_ms - ordinary_ms) / config.log_interval
     m = first.model_config
     label = names[0] or config.optimizer
     print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
@@ -218,25 +222,31 @@ def main(argv=None) -> dict:
           f"{str(first.dtype).removeprefix('torch.')} matmul here"
           + (f", MFU {100 * model.estimate_mfu(tokens_per_s, first.peak_flops):.1f}% of the nominal peak"
              if first.peak_flops else ""))
-    print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
-    for name, ms in parts.items():
-        print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
-    print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / mean[names[0]]:5.1f}%  "
-          f"(a log step's, amortised over log_interval {config.log_interval})")
     results.update(model=config.model, params=model.num_params(), dtype=str(first.dtype), device=str(device),
-                   step_ms=mean[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak,
-                   parts_ms=parts, parts_step_ms=parted_ms, instruments_ms=instruments_ms)
+                   step_ms=mean[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak)
+    if args.parts:
+        parts, parted_ms = parted[names[0]]
+        instruments_ms = (measured_ms + probe_ms - ordinary_ms) / config.log_interval
+        print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
+        for name, ms in parts.items():
+            print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
+        print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / mean[names[0]]:5.1f}%  "
+              f"(a log step's, amortised over log_interval {config.log_interval})")
+        results.update(parts_ms=parts, parts_step_ms=parted_ms, instruments_ms=instruments_ms)
     if args.compare:
-        print(f"whole steps, interleaved ({args.steps} rounds), mean against {names[0]}'s; the optimizer's part of "
-              f"a step:")
+        print(f"whole steps, interleaved ({args.steps} rounds), mean against {names[0]}'s"
+              + ("; the optimizer's part of a step:" if args.parts else ":"))
         results["compare"] = {}
         for name in names:
             ratio = mean[name] / mean[names[0]]
-            name_parts, name_ms = parted[name]
-            optimizer_share = name_parts.get("optimizer", 0.0) / name_ms
-            print(f"  {name:10s} {mean[name]:9.1f} ms  {ratio:6.3f}x   optimizer {name_parts.get('optimizer', 0.0):8.2f} ms "
-                  f"= {100 * optimizer_share:4.1f}%")
-            results["compare"][name] = {"step_ms": mean[name], "ratio": ratio, "parts_ms": name_parts}
+            results["compare"][name] = {"step_ms": mean[name], "ratio": ratio}
+            line = f"  {name:10s} {mean[name]:9.1f} ms  {ratio:6.3f}x"
+            if args.parts:
+                name_parts, name_ms = parted[name]
+                optimizer_ms = name_parts.get("optimizer", 0.0)
+                line += f"   optimizer {optimizer_ms:8.2f} ms = {100 * optimizer_ms / name_ms:4.1f}%"
+                results["compare"][name]["parts_ms"] = name_parts
+            print(line)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return results

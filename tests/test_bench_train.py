@@ -36,3 +36,18 @@ def test_bench_train_times_the_loop_s_parts_and_compares_optimizers(tmp_path):
         assert measured["compare"][name]["ratio"] > 0 and "optimizer" in measured["compare"][name]["parts_ms"]
         assert "extra_pass" not in measured["compare"][name]["parts_ms"]  # Sophia-G's alone
     assert f"{measured['tokens_per_s']:,.0f} tokens/s" in result.stdout
+
+
+@pytest.mark.slow  # a process of its own
+def test_bench_train_without_parts_compares_whole_steps_alone(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_train", *(f"--set={s}" for s in TINY), "--steps=2",
+                             "--warmup=1", "--no-parts", "--compare", "adamw", "lion", f"--json={out}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    assert "parts_ms" not in measured and "instruments_ms" not in measured
+    assert "one step by parts" not in result.stdout
+    lion = measured["compare"]["lion"]
+    assert lion["ratio"] == pytest.approx(lion["step_ms"] / measured["step_ms"]) and "parts_ms" not in lion
+    assert f"{lion['ratio']:6.3f}x" in result.stdout
