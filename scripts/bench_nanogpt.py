@@ -2,7 +2,7 @@
 
     python -m scripts.bench_nanogpt --nanogpt PATH [--shape gpt2-vocab|default] [--repeats 3]
                                     [--steps 40] [--device cpu] [--dtype float32] [--compile]
-                                    [--set key=value ...]
+                                    [--set key=value ...] [--profile]
 
 PATH is a checkout of https://github.com/karpathy/nanoGPT (MIT-licensed: it is run from there,
 never copied here). Both train the same model with AdamW at batch 16 x 256 tokens for --steps
@@ -16,6 +16,13 @@ start and the end (``val_tokens`` = one batch), logs every 10 steps (the probe i
 its checkpoint: it is charged for its extras. Per pair: the whole process's wall time, its
 steady-state step (nanoGPT's printed per-iteration times, ours the logged tokens/s of steps
 11-N; both the median after the first ten steps) and the process's peak RSS (``wait4``).
+
+``--profile`` instead shows where each side's time goes: one process builds our Trainer of the
+same settings and nanoGPT's ``GPT`` (imported from the checkout's ``model.py``, with its own
+``configure_optimizers``), warms both up, then profiles ``--steps`` iterations of each with
+``torch.profiler``, the two alternating (ours: the loop's ``train_step`` and ``after_step``;
+nanoGPT's: forward, backward, gradient clipping, optimizer step, ``zero_grad``, as its train.py
+iterates), and prints the operators that take the most time, in ms per iteration for each side.
 """
 from __future__ import annotations
 
@@ -84,6 +91,61 @@ def our_step_ms(run_dir: Path, block_size: int) -> float:
     return 1e3 * BATCH * block_size / statistics.median(rates)
 
 
+def profile_iterations(args) -> None:
+    """Per operator, ms per training iteration of ours and of nanoGPT's model in this process."""
+    import importlib.util
+
+    import torch
+    from torch.profiler import profile
+
+    from scripts.bench_train import loop_step, synthetic_trainer
+
+    settings, _, n_tokens, meta_vocab = SHAPES[args.shape]
+    spec = importlib.util.spec_from_file_location("nanogpt_model", args.nanogpt / "model.py")
+    nanogpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nanogpt)
+    with tempfile.TemporaryDirectory() as tmp:
+        command = our_command(args, Path(tmp), Path(tmp))
+        overrides = [item for item in command[2:] if not item.startswith(("--data_dir=", "--out_dir=", "--run_name="))]
+        trainer = synthetic_trainer(ROOT / "configs" / "default.py", overrides, Path(tmp))
+        try:
+            vocab = meta_vocab or trainer.model_config.vocab_size
+            config = nanogpt.GPTConfig(**settings, vocab_size=vocab, bias=False, dropout=0.0)
+            theirs = nanogpt.GPT(config).to(args.device)
+            optimizer = theirs.configure_optimizers(0.1, 6e-4, (0.9, 0.95), torch.device(args.device).type)
+            rows = torch.randint(0, n_tokens, (BATCH, settings["block_size"] + 1), device=args.device)
+            inputs, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()  # as its get_batch's
+
+            def nanogpt_iteration():
+                _, loss = theirs(inputs, targets)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            sides = {"ours": lambda: loop_step(trainer), "nanoGPT": nanogpt_iteration}
+            for _ in range(3):
+                for iteration in sides.values():
+                    iteration()
+            self_ms = {}
+            for name, iteration in sides.items():
+                with profile() as prof:
+                    for _ in range(args.steps):
+                        iteration()
+                self_ms[name] = {event.key: event.self_cpu_time_total / 1e3 / args.steps
+                                 for event in prof.key_averages()}
+        finally:
+            trainer.close()
+    totals = {name: sum(ms.values()) for name, ms in self_ms.items()}
+    ops = sorted(set(self_ms["ours"]) | set(self_ms["nanoGPT"]),
+                 key=lambda op: -max(self_ms["ours"].get(op, 0.0), self_ms["nanoGPT"].get(op, 0.0)))
+    print(f"{args.shape}: self CPU ms per iteration, {args.steps} iterations each ({torch.get_num_threads()} threads)")
+    print(f"{'operator':60s}{'ours':>10s}{'nanoGPT':>10s}")
+    for op in ops[:16]:
+        print(f"{op[:59]:60s}{self_ms['ours'].get(op, 0.0):10.2f}{self_ms['nanoGPT'].get(op, 0.0):10.2f}")
+    print(f"{'all':60s}{totals['ours']:10.2f}{totals['nanoGPT']:10.2f}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (its train.py is run)")
@@ -95,10 +157,15 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of our train.py's settings (e.g. a flag under test)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile --steps iterations of each side by operator instead (one process)")
     args = parser.parse_args(argv)
     if not (args.nanogpt / "train.py").is_file() or not (args.nanogpt / "configurator.py").is_file():
         sys.exit(f"--nanogpt {args.nanogpt}: no nanoGPT checkout there (train.py and configurator.py): "
                  f"git clone https://github.com/karpathy/nanoGPT and pass its path")
+    if args.profile:
+        profile_iterations(args)
+        return
     from data.shards import write_shard
 
     model, _, n_tokens, meta_vocab = SHAPES[args.shape]
