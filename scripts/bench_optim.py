@@ -10,6 +10,12 @@ steps alternate with those of a ``torch.optim.AdamW(fused=True)`` on its own cop
 parameters, so that the ratio compares steps taken under the same conditions (a shared machine's
 speed drifts by tens of percent). Prints the median over ``--steps`` steps after ``--warmup``:
 ms per step, and the median of the per-step ratios to the interleaved fused AdamW.
+
+``--passes`` times MERIT's two fused passes (optim/backends/) instead, on GPT-2 Small's matrices,
+each sequence of per-tensor calls interleaved with fused AdamW's step on the same shapes: pass 1
+with the row, column and whole-tensor maxima and with the whole-tensor maximum alone, each followed
+by pass 2 or not, and a two-pass floor made of torch's own kernels (fused AdamW, then p -= lr * u
+with ``torch._foreach_add_``: the 40 bytes per parameter of the two passes).
 """
 import argparse
 import statistics
@@ -147,6 +153,58 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@torch.no_grad()
+def bench_passes(device: torch.device, dtype: torch.dtype, steps: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """{sequence: (median ms, median per-step ratio to the interleaved fused AdamW)} of MERIT's passes
+    on GPT-2 Small's matrices (the docstring's ``--passes``)."""
+    from optim import backends
+    shapes = [s for s in SHAPES if len(s) == 2]
+    gen = torch.Generator(device).manual_seed(1)
+    grads = [torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes]
+    base_params, params = ([torch.nn.Parameter(0.02 * torch.randn(s, generator=gen, device=device, dtype=dtype))
+                            for s in shapes] for _ in range(2))
+    base, floor = (torch.optim.AdamW(group, lr=1e-4, fused=True) for group in (base_params, params))
+    m, v = ([torch.zeros_like(p) for p in params] for _ in range(2))
+    backends.prepare("auto", params)
+
+    def passes(reduce: str, update: bool):
+        for p, m_p, v_p in zip(params, m, v):
+            ops = backends.select("auto", [p, p.grad, m_p, v_p], matrix=reduce == "rows_cols")
+            ratios = ops.moments_and_ratios(p, p.grad, m_p, v_p, beta1=0.9, beta2=0.999, eps=1e-6, wd=0.1,
+                                            reduce=reduce, l2=False)
+            if update:  # MERIT's pass 2 (optim/merit.py): the whole-tensor ratio folded into the rows
+                rows, cols = ((torch.maximum(ratios[0], ratios[2]), ratios[1]) if reduce == "rows_cols"
+                              else (ratios[0], None))
+                ops.apply_update(p, p.grad, rows, cols, lr=1e-4, clip=True, count=False)
+
+    def torch_two_passes():
+        floor.step()
+        torch._foreach_add_(params, [p.grad for p in params], alpha=-1e-4)
+
+    sequences = {"pass 1, row + column + whole maxima": lambda: passes("rows_cols", False),
+                 "pass 1, whole-tensor maximum": lambda: passes("tensor", False),
+                 "MERIT: pass 1 + pass 2 per tensor": lambda: passes("rows_cols", True),
+                 "whole-tensor pass 1 + pass 2": lambda: passes("tensor", True),
+                 "torch: fused AdamW + p -= lr*u": torch_two_passes}
+    times = {name: ([], []) for name in sequences}
+    for i in tqdm(range(warmup + steps), desc="passes", leave=False):
+        for name, run in sequences.items():
+            for p, g in zip(base_params + params, grads + grads):  # pass 1 consumes the gradient
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+            for fn, record in ((base.step, times[name][0]), (run, times[name][1])):
+                sync(device)
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                if i >= warmup:
+                    record.append(time.perf_counter() - start)
+    return {name: (1e3 * statistics.median(ours), statistics.median(t / b for t, b in zip(ours, base_times)))
+            for name, (base_times, ours) in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -154,8 +212,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (state, build)")
     parser.add_argument("--backend", default="auto", choices=optim.BACKENDS, help="who runs the fused operations")
+    parser.add_argument("--passes", action="store_true", help="MERIT's two passes instead (the docstring)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.passes:
+        print(f"MERIT's passes on GPT-2 Small's matrices, {args.dtype} on {device} ({torch.get_num_threads()} "
+              f"threads); median of {args.steps} steps after {args.warmup}, each against fused AdamW's step")
+        print(f"{'sequence':<40}{'ms':>10}{'ratio':>8}")
+        for name, (ms, ratio) in bench_passes(device, dtype, args.steps, args.warmup).items():
+            print(f"{name:<40}{ms:>10.1f}{ratio:>8.3f}", flush=True)
+        return
     # Muon's Newton-Schulz in the dtype "auto" does not pick too, to see the choice's numbers.
     other = "float32" if default_ns_dtype(device) == torch.bfloat16 else "bfloat16"
     names = [*optim.available(), f"muon ns {other}", "naive merit"]
