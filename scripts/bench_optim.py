@@ -124,28 +124,33 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmu
     extra = ([(None, newton_schulz_of(runs[1][1], grads), [])] if name.startswith("muon") else [])
     for i in tqdm(range(warmup + steps), desc=name, leave=False):
         for _, step, times in extra:
-            sync(device)
-            start = time.perf_counter()
-            step()
-            sync(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+            timed(step, device, times if i >= warmup else None)
         for params, opt, times in runs:
-            for p, g in zip(params, grads):  # MERIT and LAMB consume the gradient
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
-            sync(device)
-            start = time.perf_counter()
-            opt.step()
-            sync(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+            set_grads(params, grads)
+            timed(opt.step, device, times if i >= warmup else None)
     (_, _, base), (_, _, ours) = runs
     ratio = statistics.median(t / b for t, b in zip(ours, base))
     newton_schulz_ms = 1e3 * statistics.median(extra[0][2]) if extra else None
     return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio, newton_schulz_ms
+
+
+def set_grads(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """Fresh gradients, copied in untimed before each step (MERIT and LAMB consume theirs)."""
+    for p, g in zip(params, grads):
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+
+
+def timed(fn, device: torch.device, record: list[float] | None) -> None:
+    """Run ``fn``, appending its seconds (the device waited for) to ``record`` unless None (a warm-up)."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    if record is not None:
+        record.append(time.perf_counter() - start)
 
 
 def sync(device: torch.device) -> None:
@@ -189,18 +194,9 @@ def bench_passes(device: torch.device, dtype: torch.dtype, steps: int, warmup: i
     times = {name: ([], []) for name in sequences}
     for i in tqdm(range(warmup + steps), desc="passes", leave=False):
         for name, run in sequences.items():
-            for p, g in zip(base_params + params, grads + grads):  # pass 1 consumes the gradient
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
+            set_grads(base_params + params, grads + grads)
             for fn, record in ((base.step, times[name][0]), (run, times[name][1])):
-                sync(device)
-                start = time.perf_counter()
-                fn()
-                sync(device)
-                if i >= warmup:
-                    record.append(time.perf_counter() - start)
+                timed(fn, device, record if i >= warmup else None)
     return {name: (1e3 * statistics.median(ours), statistics.median(t / b for t, b in zip(ours, base_times)))
             for name, (base_times, ours) in times.items()}
 
