@@ -19,10 +19,11 @@ steady-state step (nanoGPT's printed per-iteration times, ours the logged tokens
 
 ``--profile`` instead shows where each side's time goes: one process builds our Trainer of the
 same settings and nanoGPT's ``GPT`` (imported from the checkout's ``model.py``, with its own
-``configure_optimizers``), warms both up, then profiles ``--steps`` iterations of each with
-``torch.profiler``, the two alternating (ours: the loop's ``train_step`` and ``after_step``;
-nanoGPT's: forward, backward, gradient clipping, optimizer step, ``zero_grad``, as its train.py
-iterates), and prints the operators that take the most time, in ms per iteration for each side.
+``configure_optimizers``), runs 3 warm-up iterations of each, then profiles ``--steps``
+iterations of one side and then of the other with ``torch.profiler`` (ours: the loop's
+``train_step`` and ``after_step``; nanoGPT's: forward, backward, gradient clipping, optimizer step,
+``zero_grad``, as its train.py iterates), and prints the operators that take the most time, in ms
+per iteration for each side.
 """
 from __future__ import annotations
 
