@@ -40,26 +40,29 @@ def _legend(ax, **kwargs) -> None:
     ax.legend(fontsize=7, frameon=False, **kwargs)
 
 
-def _batch_panels(study: Study, best: dict, height: float = 3.6):
+def _batch_panels(best: dict):
     """(figure, {batch: its axes}, {label: colour}): a panel per batch, a colour per point label
-    (the same in every figure), the legend below them."""
+    (the same in every figure); ``_save_with_legend_below`` puts the legend under them."""
     batches = sorted({batch for _, batch in best})
     columns = min(4, len(batches))
     rows = math.ceil(len(batches) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, height * rows + 0.9), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, 3.6 * rows + 0.9), squeeze=False)
     for ax in list(axes.flat)[len(batches):]:
         ax.axis("off")
     return fig, dict(zip(batches, axes.flat)), colours(label for label, _ in best)
 
 
-def _legend_below(fig, colour: dict) -> None:
+def _save_with_legend_below(fig, colour: dict, path: Path) -> None:
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     handles = [matplotlib.lines.Line2D([], [], color=c, label=label) for label, c in colour.items()]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_val_loss(study: Study, path: Path) -> None:
     best = study.best()
-    fig, panels, colour = _batch_panels(study, best)
+    fig, panels, colour = _batch_panels(best)
     for (label, batch), selection in best.items():
         ax = panels[batch]
         steps, mean, low, high = seed_band(selection.runs, study.select_on)
@@ -73,10 +76,7 @@ def plot_val_loss(study: Study, path: Path) -> None:
         ax.title.set_fontsize(7)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{study.select_on} over training, each point at its best lr (band: lowest to highest seed)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    _legend_below(fig, colour)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_with_legend_below(fig, colour, path)
 
 
 def plot_max_logits(study: Study, path: Path) -> None:
@@ -284,7 +284,7 @@ def plot_noise_scale(study: Study, path: Path) -> bool:
     best = {key: s for key, s in study.best().items() if s.runs[0].series("noise_scale/b_simple")[0]}
     if not best:
         return False
-    fig, panels, colour = _batch_panels(study, best)
+    fig, panels, colour = _batch_panels(best)
     for (label, batch), selection in best.items():
         steps, mean, low, high = seed_band(selection.runs, "noise_scale/b_simple")
         tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
@@ -298,10 +298,7 @@ def plot_noise_scale(study: Study, path: Path) -> bool:
         ax.title.set_fontsize(8)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Gradient noise scale B_simple over training against the batch (band: lowest to highest seed)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    _legend_below(fig, colour)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_with_legend_below(fig, colour, path)
     return True
 
 
