@@ -294,7 +294,8 @@ def plot_noise_scale(study: Study, path: Path) -> bool:
         batch_tokens = next(s.runs[0].final("noise_scale/batch_tokens") for (_, b), s in best.items() if b == batch)
         ax.axhline(batch_tokens, color="black", linestyle="--", linewidth=1)
         ax.set_yscale("log")
-        ax.set(xlabel="training tokens", ylabel="B_simple (tokens)", title=f"batch {batch} = {batch_tokens:,.0f} tokens (dashed)")
+        ax.set(xlabel="training tokens", ylabel="B_simple (tokens)",
+               title=f"batch {batch} = {batch_tokens:,.0f} tokens (dashed)")
         ax.title.set_fontsize(8)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Gradient noise scale B_simple over training against the batch (band: lowest to highest seed)")

@@ -15,10 +15,10 @@ Two layouts, one format:
   ``Checkpoint`` as ``checkpoint.pt`` with the optimizer's param groups (``tensors="dcp"``);
   written and read by training/sharded_checkpoint.py, the only module that imports DCP.
 
-In a run folder (``save_in``, ``sharded_checkpoint.save_sharded_in``, ``load_latest``) ``ckpt.pt``, a link to the
-newest checkpoint, is the latest pointer, switched atomically once the new one is complete; then
-all but the newest ``keep`` and every ``permanent_interval``-th are removed. Readers that take
-``RUN/ckpt.pt`` get the newest.
+In a run folder (``save_in``, ``sharded_checkpoint.save_sharded_in``, ``load_latest``)
+``ckpt.pt``, a link to the newest checkpoint, is the latest pointer, switched atomically once the
+new one is complete; then all but the newest ``keep`` and every ``permanent_interval``-th are
+removed. Readers that take ``RUN/ckpt.pt`` get the newest.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class Checkpoint:
     @classmethod
     def load(cls, path, map_location="cpu") -> Checkpoint:
         """The checkpoint at ``path`` (a file, or a sharded checkpoint's folder: its tensors stay
-        in the DCP files until ``build_model`` or ``sharded_checkpoint.load_sharded_state``); a clear error if it is
-        missing, unreadable, of another version or lacks a field."""
+        in the DCP files until ``build_model`` or ``sharded_checkpoint.load_sharded_state``); a
+        clear error if it is missing, unreadable, of another version or lacks a field."""
         path = Path(path)
         file = path / SHARDED_CHECKPOINT if path.is_dir() else path
         if not file.is_file():

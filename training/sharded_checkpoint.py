@@ -47,8 +47,8 @@ def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.n
     dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, checkpoint_id=partial,
              no_dist=not dist.is_initialized())
     if checkpoint is not None:
-        checkpoint = dataclasses.replace(checkpoint, model={}, optimizer={"param_groups": optimizer_state["param_groups"]},
-                                         tensors="dcp")
+        checkpoint = dataclasses.replace(checkpoint, model={}, tensors="dcp",
+                                         optimizer={"param_groups": optimizer_state["param_groups"]})
         checkpoint.save(partial / SHARDED_CHECKPOINT)
         if path.exists():  # a step saved again (a resumed run that stopped at the same step)
             shutil.rmtree(path)
