@@ -24,7 +24,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 import optim
-from configs import TrainConfig, load_config, save_config
+from configs import TrainConfig, key_reference, load_config, save_config
 from data.loader import ShardTokenError, TokenLoader
 from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
@@ -452,6 +452,7 @@ class Trainer:
 
     def describe(self):
         c, m = self.config, self.model_config
+        print(f"run folder {self.run_dir}: config.json, metrics.jsonl, checkpoints")
         print(f"model {c.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
               f"vocab {m.vocab_size}, {self.model.num_params() / 1e6:.2f}M parameters")
         print(f"optimizer {c.optimizer} lr {c.lr} -> {c.min_lr} ({c.lr_schedule}, warmup {self.warmup_steps}); "
@@ -561,22 +562,34 @@ class Trainer:
         return time.perf_counter() - start
 
 
+def usage() -> str:
+    return (f"usage: python train.py CONFIG [--key=value ...]\n"
+            f"       torchrun --nproc_per_node=N train.py CONFIG [--key=value ...]\n\n"
+            f"{__doc__.strip()}\n\nThe config keys (a config file assigns them as Python names; "
+            f"--key=value overrides them):\n\n{key_reference()}")
+
+
 def main(argv: list[str]):
+    if "-h" in argv or "--help" in argv:
+        print(usage())
+        return
     if not argv:
         sys.exit("train.py: no config given: python train.py configs/default.py (a config file), with "
-                 "--key=value overrides if you like (see configs/__init__.py for the keys)")
-    config_path = argv[0] if argv and not argv[0].startswith("--") else None
+                 "--key=value overrides if you like; python train.py --help lists the keys")
+    config_path = argv[0] if not argv[0].startswith("--") else None
     try:
         config = load_config(config_path, argv[1:] if config_path else argv)
         trainer = Trainer(resolve_config(config))
     except (ValueError, OSError) as error:  # a bad config, run folder, data folder or checkpoint
-        sys.exit(f"train.py: {error}")
+        distributed.fail(f"train.py: {error}")
     try:
         trainer.train()
     except (NonFiniteError, ShardTokenError, OSError) as error:
-        sys.exit(f"train.py: {error}")
+        distributed.fail(f"train.py: {error}")
     finally:
         trainer.close()
+    if trainer.ctx.is_main and trainer.last_checkpoint_step is not None:
+        print(run_folder.guide(trainer.run_dir, trainer.last_checkpoint_step, trainer.total_steps, trainer.config, argv))
 
 
 if __name__ == "__main__":

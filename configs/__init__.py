@@ -19,10 +19,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
 import runpy
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ VOCAB_MULTIPLE = 64  # pad the vocabulary so the LM head's matmul has friendly s
 class TrainConfig:
     # --- run ---
     run_name: str = "default"  # the run folder is out_dir/run_name
-    out_dir: str = "runs"
+    out_dir: str = "runs"  # the folder that holds run folders
     seed: int = 1337  # initial weights, dropout, Sophia-G's sampled labels
     data_seed: int = 1337  # the order of the training shards: vary seed and data_seed independently
     resume: bool | str = False  # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
@@ -50,42 +52,42 @@ class TrainConfig:
     align_documents: bool = False  # start every train and val sequence at a document (its end-of-text token)
 
     # --- model: a GPTConfig preset, each field overridable (None keeps the preset's value) ---
-    model: str = "nano"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None
-    dropout: float | None = None
-    bias: bool | None = None
-    scale_attn_by_inverse_layer_idx: bool | None = None
+    model: str = "nano"  # a shape preset of model.py (PRESETS): "nano", "mini", "gpt2", "gpt2-medium", ...
+    n_layer: int | None = None  # transformer blocks
+    n_head: int | None = None  # attention heads per block
+    n_embd: int | None = None  # the residual width
+    block_size: int | None = None  # tokens per sequence (the context length)
+    dropout: float | None = None  # on the attention weights and the residual branches
+    bias: bool | None = None  # biases in the linear layers and LayerNorms (GPT-2 has them)
+    scale_attn_by_inverse_layer_idx: bool | None = None  # layer i's logits divided by i + 1 (GPT-2 Medium and up in HF)
     qk_norm: str | None = None  # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
     vocab_size: int | None = None  # None: the tokenizer's vocabulary padded to a multiple of 64
 
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---
-    batch_size: int = 64
-    micro_batch_size: int = 16
+    batch_size: int = 64  # sequences per optimizer step over all ranks
+    micro_batch_size: int = 16  # sequences per forward pass on one rank
 
     # --- schedule: lengths in steps or in tokens (set exactly one of each pair) ---
-    max_steps: int = 0
-    max_tokens: int = 0
-    warmup_steps: int = 0
-    warmup_tokens: int = 0
+    max_steps: int = 0  # the run's length in optimizer steps
+    max_tokens: int = 0  # ... or in training tokens (max_tokens // (batch_size x block_size) steps)
+    warmup_steps: int = 0  # linear warmup from 0 to lr, in steps
+    warmup_tokens: int = 0  # ... or in tokens (a warmup that stays put when the batch changes)
     lr_schedule: str = "cosine"  # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
     decay_fraction: float = 0.2  # wsd: the last fraction of training decays linearly to min_lr
-    lr: float = 2e-4
-    min_lr: float = 2e-5
+    lr: float = 2e-4  # the peak learning rate
+    min_lr: float = 2e-5  # where the schedule decays to
 
     # --- optimizer: a hyper-parameter left None (here and in optimizer_options) gets the optimizer's
     # published GPT-2 value (optim/published.py), else its own default; filled in at start-up ---
-    optimizer: str = "merit"
-    weight_decay: float | None = None
-    beta1: float | None = None
-    beta2: float | None = None
-    eps: float | None = None
+    optimizer: str = "merit"  # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon"
+    weight_decay: float | None = None  # decoupled weight decay of the matrices
+    beta1: float | None = None  # the first moment's decay (Lion, Muon: their momenta)
+    beta2: float | None = None  # the second moment's decay
+    eps: float | None = None  # added to the second moment's root
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     nonfinite: str = "stop"  # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
     max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
-    decay_embeddings: bool = False
+    decay_embeddings: bool = False  # weight decay on the embeddings too
     z_loss: float = 0.0  # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
     # QK-Clip (Kimi K2): after every step, a head whose largest attention logit on the step's batch
     # exceeded this has its W_q and W_k rows scaled so it would have been this (Kimi K2: 100); None: off
@@ -108,9 +110,9 @@ class TrainConfig:
     stop_at_step: int = 0  # end this invocation after this step (checkpointing); 0: run to the end
     sample_tokens: int = 0  # print a sample of this many tokens at the end
     wandb_mode: str = "disabled"  # "online", "offline" or "disabled"
-    wandb_project: str = "nanomerit"
-    wandb_entity: str | None = None
-    wandb_group: str | None = None
+    wandb_project: str = "nanomerit"  # the wandb project the run logs to
+    wandb_entity: str | None = None  # the wandb user or team; None: your default
+    wandb_group: str | None = None  # the wandb group (a sweep sets it)
 
     # --- zero-shot evaluation (eval/) of the checkpoints ---
     zero_shot_tasks: str = ""  # tasks and groups, e.g. "lambada_openai,hellaswag" or "paper"; "": none
@@ -121,7 +123,7 @@ class TrainConfig:
     # --- system ---
     device: str = "auto"  # "auto", "cpu", "cuda"
     dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
     # --- scale-out (training/parallel.py; README, "Scaling out"): DDP by default on several ranks ---
     zero_stage: int = 0  # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
     fsdp: bool = False  # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
@@ -257,7 +259,7 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     elif close := difflib.get_close_matches(key, _FIELDS, n=1):
         hint = f"; did you mean '{close[0]}'?"
     else:
-        hint = "; see configs/__init__.py for the valid keys"
+        hint = "; python train.py --help lists the valid keys"
     if where != "the command line":
         hint += " (a helper variable in a config file starts with '_', e.g. _" + key + ")"
     return ConfigError(f"unknown config key '{key}' in {where}{hint}")
@@ -342,3 +344,27 @@ def save_config(config: TrainConfig, path: Path):
     with atomic_write(path, "w") as f:
         f.write(json.dumps(config.to_dict(), indent=2) + "\n")
 
+
+
+def key_reference(width: int = 100) -> str:
+    """Every config key with its type, default and meaning, in the schema's sections and order
+    (``python train.py --help``). The meanings are TrainConfig's own comments, read from its
+    source, so the help is the schema and cannot drift from it."""
+    lines, comment = [], []
+    for line in (raw.strip() for raw in inspect.getsource(TrainConfig).splitlines()[1:]):
+        if line.startswith("def "):  # the fields end where the methods begin
+            break
+        if line.startswith("#"):
+            comment.append(line.removeprefix("#").strip())
+            if comment[0].startswith("---") and comment[-1].endswith("---"):  # a section's title, whole
+                lines += ["", *textwrap.wrap(" ".join(comment).strip("- "), width)]
+                comment = []
+            continue
+        name, _, rest = line.partition(":")
+        if name in _FIELDS:  # its meaning: the comment after it, or the comment above it
+            meaning, comment = rest.partition("  # ")[2] or " ".join(comment), []
+            f = _FIELDS[name]
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            lines.append(f"  --{name}={default!r}  ({f.type})")
+            lines += textwrap.wrap(meaning, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines).lstrip("\n")

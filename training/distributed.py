@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -42,6 +45,31 @@ def setup(device: str = "auto") -> Distributed:
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", store=_restart_store(world_size),
                                 rank=rank, world_size=world_size, device_id=torch_device if device == "cuda" else None)
     return Distributed(rank, local_rank, world_size, torch_device)
+
+
+# How long a rank other than 0 waits before it fails (see fail): far longer than torchrun's
+# monitor interval (0.1 s by default), which kills the other workers once one has failed.
+FAIL_DELAY_S = 3.0
+
+
+def fail(message: str) -> NoReturn:
+    """Exit non-zero with ``message``, said once under torchrun.
+
+    Every rank of a launch meets the same config, run-folder and data errors. The global rank 0
+    prints its message and writes it to torchrun's error file (``TORCHELASTIC_ERROR_FILE``), so
+    torchrun's closing failure summary shows it as the root cause, after every worker's output,
+    in place of its advice on enabling tracebacks. Another rank waits first: when rank 0 fails
+    too, torchrun stops this rank during the wait and the message is said once; when the error
+    is this rank's own, the wait ends and its message reaches the summary."""
+    rank = int(os.environ.get("RANK", 0))
+    if rank != 0:
+        time.sleep(FAIL_DELAY_S)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # (the format torchrun's own @record writes)
+        with open(error_file, "w") as f:
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                     "timestamp": str(int(time.time()))}}}, f)
+    sys.exit(message if rank == 0 else 1)  # (SystemExit prints a message to stderr)
 
 
 def _restart_store(world_size: int) -> dist.Store | None:

@@ -17,9 +17,10 @@ and said so.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import json
+import os
+import shlex
+import shutil
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from configs import TrainConfig
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
@@ -131,6 +133,30 @@ def fingerprint(run_dir: Path) -> list[tuple]:
         entries.append((path.name, stat.st_size, stat.st_mtime_ns,
                         os.readlink(path) if path.is_symlink() else None))
     return entries
+
+
+def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, argv: list[str]) -> str:
+    """Where a run's files are and the commands that evaluate, continue and export it (printed at
+    the end of an invocation). ``argv``: train.py's arguments, so the resume command is the
+    user's own; a finished run continues only with a longer schedule."""
+    checkpoint = run_dir / CHECKPOINT_NAME
+    length = "--max_steps" if config.max_steps else "--max_tokens"
+    dropped = ("--resume", "--overwrite", "--stop_at_step", *([length] if step == total_steps else []))
+    resume = ["python", "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
+    if step < total_steps:
+        resume_line = f"resume    {shlex.join(resume)}"
+    else:  # twice the length, as an example: any longer schedule continues it
+        longer = f"{length}={2 * (config.max_steps or config.max_tokens)}"
+        resume_line = (f"train on  {shlex.join([*resume, longer])}  (any longer run; the lr schedule follows "
+                       f"the new length)")
+    return "\n".join([f"run folder {run_dir}:",
+                      f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
+                      f"  metrics     {run_dir / 'metrics.jsonl'}",
+                      f"  config      {run_dir / 'config.json'}",
+                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper",
+                      resume_line,
+                      f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
+                      f"GPT-2 folder)"])
 
 
 class RunFolderLocked(OSError):
