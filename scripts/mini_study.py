@@ -20,11 +20,12 @@ with QK-Clip (``EXTRAS``). Two stages, each point's lr found before its seeds ar
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
 number read on heldout/loss, validation tokens the choice never saw) and ``figures/``
-(scripts/plot.py's PNGs: the loss and peak logit against the batch, B_simple over training against
-the batches, ...). ``--archive`` also packs every run's config.json and metrics.jsonl into one
-xz-compressed tar, from which ``python -m scripts.report`` and ``python -m scripts.plot`` draw the
-same tables and figures without the runs. Rerunning skips finished runs and resumes interrupted
-ones. The Shakespeare byte shards are prepared if missing.
+(scripts/plot.py's PNGs, their losses read on heldout/loss like the tables': the loss and peak
+logit against the batch, B_simple over training against the batches, ...). ``--archive`` also
+packs every run's config.json and metrics.jsonl into one xz-compressed tar, from which ``python -m
+scripts.report ARCHIVE --report-on heldout/loss`` and ``python -m scripts.plot ARCHIVE --report-on
+heldout/loss`` draw the same tables and figures without the runs. Rerunning skips finished runs
+and resumes interrupted ones. The Shakespeare byte shards are prepared if missing.
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def main(argv=None) -> None:
     with atomic_write(out / "report.md", "w") as f:
         f.write(tables)
     print(tables, end="")
-    draw_all(runs, out / "figures")
+    draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
     if args.archive:
         pack_runs(runs, out, args.archive)
     minutes = (time.perf_counter() - start) / 60

@@ -1,17 +1,24 @@
-"""The study's figures (PNG) from run folders: the paper's plots for any set of runs.
+"""The study's figures (PNG) from runs: the paper's plots for any set of runs.
 
     python -m scripts.plot sweeps/merit-batch runs/gpt2-small-owt --out figures/
+    python -m scripts.plot docs/mini_study/runs.tar.xz --report-on heldout/loss --out docs/mini_study/figures
 
-Runs are grouped into points (study/runs.py: every config key but the lr and the seeds), each
-drawn at its selected lr (the lowest mean ``--select-on`` among the lrs all of whose seeds
-finished), its seeds as a band from the lowest to the highest around their mean. Logit axes are
-symmetric-log (linear within [-1, 1]), so a logit <= 0 is drawn where it is. Writes into --out
-(default: figures/):
-* ``val_loss.png``: the selection metric against training tokens (colour: point, style: batch);
+The paths are run folders (config.json and metrics.jsonl), sweep folders, any folder above them,
+or .tar.xz archives of runs (``scripts/mini_study.py --archive`` packs one), as for
+scripts/report.py. Runs are grouped into points (study/runs.py: every config key but the lr and
+the seeds), each drawn at its selected lr (the lowest mean final ``--select-on``, default
+val/loss, among the lrs all of whose seeds finished: scripts/report.py's rule), its seeds as a
+band from the lowest to the highest around their mean. The loss figures draw ``--report-on``
+(default: --select-on), so that with the same two options they show the numbers of
+scripts/report.py's tables. Logit axes are symmetric-log (linear within [-1, 1]), so a logit
+<= 0 is drawn where it is. Writes into --out (default: figures/):
+* ``val_loss.png``: the --report-on metric against training tokens, a panel per batch, a colour
+  per point;
 * ``max_logit.png``: the per-layer maximum attention logit over steps (the paper's figure), a
   panel per point and batch, a line per layer;
-* ``scaling.png``: final loss against the global batch at the fixed token budget, a line per
-  point (circled: the selected lr is on its grid's edge, so the best may lie beyond);
+* ``scaling.png``: the final --report-on metric against the global batch at the fixed token
+  budget, a line per point (the report's loss table; circled: the selected lr is on its grid's
+  edge, so the best may lie beyond);
 * ``peak_logit.png``: the peak max attention logit (the largest layer) against the batch;
 * ``merit_diagnostics.png`` (when plain MERIT logged them): per layer, the fraction of element-wise
   clipped updates and the trust-ratio spread (max / min) over steps, at MERIT's largest batch;
@@ -19,28 +26,25 @@ symmetric-log (linear within [-1, 1]), so a logit <= 0 is drawn where it is. Wri
   the points with the largest final logits;
 * ``attn_entropy.png``: per layer, the lowest head's attention entropy over steps, a panel per point;
 * ``noise_scale.png``: the gradient noise scale B_simple over training, each point's batch (tokens) dashed.
-The last four are drawn where the runs logged those keys (train.py does at every log step).
+All but the two loss figures are drawn where the runs logged their keys (train.py does at every
+log step). A point has one colour in every figure, a layer one in every per-layer figure.
 """
 import argparse
-import sys
 from pathlib import Path
 
 from study.plot import draw_all
-from study.runs import find_runs
+from study.runs import study_arguments, study_runs
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="run folders, sweep folders or folders above them")
+    study_arguments(parser, "the loss figures draw")
     parser.add_argument("--out", type=Path, default=Path("figures"), help="where the PNGs go (default: figures/)")
-    parser.add_argument("--select-on", default="val/loss", help="the metric each point's lr is chosen on")
     args = parser.parse_args(argv)
-    runs = [r for r in find_runs(args.paths) if r.series(args.select_on)[0]]
-    if not runs:
-        sys.exit(f"plot: no run folders with a validation loss under {', '.join(map(str, args.paths))} "
-                 f"(a run folder holds config.json and metrics.jsonl)")
-    written = draw_all(runs, args.out, args.select_on)
-    print(f"{len(runs)} runs -> " + ", ".join(map(str, written)))
+    runs = study_runs(args, "plot")
+    written = draw_all(runs, args.out, args.select_on, args.report_on)
+    print(f"{len(runs)} runs, lrs selected on {args.select_on}, losses drawn on {args.report_on or args.select_on} -> "
+          + ", ".join(map(str, written)))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python -m scripts.report sweeps/merit-batch --target 3.3 --out report.md
     python -m scripts.report runs/mini_study --report-on heldout/loss   # lrs chosen on val/loss
-    python -m scripts.report docs/demo/runs.tar.xz --out docs/demo/runs.md --update README.md
+    python -m scripts.report docs/demo/runs.tar.xz --out docs/demo/runs.md --update docs/results.md
 
 Runs are grouped into points (study/runs.py): every config key but the lr and the seeds, named
 by what varies across the runs (the optimizer, its ablation, QK-Norm or QK-Clip, and any other
@@ -22,9 +22,9 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
 * the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present.
 
-``--update FILE`` rewrites the tables of FILE (the README) that come from this report: each block
+``--update FILE`` rewrites the tables of FILE (docs/results.md) that come from this report: each block
 ``<!-- report: PATH [SELECT_ON REPORT_ON], SECTION -->`` ... ``<!-- end -->`` whose PATH is the one
-path given gets that section's first table (tests/test_readme_numbers.py checks they agree).
+path given gets that section's first table (tests/test_doc_numbers.py checks they agree).
 """
 import argparse
 import sys
@@ -32,21 +32,17 @@ from pathlib import Path
 
 from atomic import atomic_write
 from study.report import fill_blocks, report
-from study.runs import find_runs
+from study.runs import study_arguments, study_runs
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="run folders, sweep folders or folders above them")
+    study_arguments(parser, "the tables report")
     parser.add_argument("--target", type=float, help="the loss to reach (default: see above)")
-    parser.add_argument("--select-on", default="val/loss", help="the metric each point's lr is chosen on")
-    parser.add_argument("--report-on", help="the metric the tables report (default: --select-on)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--update", type=Path, metavar="FILE", help="refresh FILE's blocks of this report's tables")
     args = parser.parse_args(argv)
-    runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
-    if not runs:
-        sys.exit(f"report: no run folders with a validation loss under {', '.join(map(str, args.paths))}")
+    runs = study_runs(args, "report")
     text = report(runs, args.target, args.select_on, args.report_on)
     print(text, end="")
     if args.out:

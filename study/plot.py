@@ -1,31 +1,56 @@
 """The study's figures (PNG) from runs grouped into points (study/runs.py); scripts/plot.py is the
-CLI and its docstring lists the figures. Every figure shows each point at its selected lr, its
-seeds as a band around their mean (never as lines on top of each other), and names the points
-and runs it shows; a log axis of logits is symmetric-log, so a logit <= 0 is drawn where it is.
+CLI and its docstring lists the figures. Every figure shows each point at its lr selected on the
+study's ``select_on``, its seeds as a band around their mean (never as lines on top of each other),
+and names the points and runs it shows; the loss figures draw ``report_on``, the numbers of the
+report's tables (study/report.py). A log axis of logits is symmetric-log, so a logit <= 0 is drawn
+where it is. Each ``plot_*`` returns its figure (None where the runs did not log its keys), which
+``draw_all`` saves.
 """
 from __future__ import annotations
 
+import io
 import math
 import re
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+import matplotlib.colors  # noqa: E402
 import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from PIL import Image  # noqa: E402
 
-from study.runs import Run, Study, summary  # noqa: E402
+from atomic import atomic_write  # noqa: E402
+from study.report import peak_logit, selected_finals  # noqa: E402
+from study.runs import Run, Selection, Study, summary  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 MAX_PANELS = 24
 SYMLOG = dict(base=10, linthresh=1.0)  # linear within [-1, 1], logarithmic beyond
+# At 100 dpi the font sizes below read well (and the largest figures, a panel per point, stay
+# near 1,300 pixels wide).
+DPI = 100
+# viridis runs from dark purple to a pale yellow that a thin line on white hides: the layers take
+# its part up to this fraction (a mid green), dark to light with depth.
+LAYER_MAP, LAYER_MAP_END = "viridis", 0.75
 
 
-def colours(labels) -> dict[str, str]:
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {label: cycle[i % len(cycle)] for i, label in enumerate(sorted(set(labels)))}
+def point_colours(study: Study) -> dict[str, tuple]:
+    """A colour per point label of ``study``, the same in every figure: tab10's, each strong on white
+    (past ten labels they repeat)."""
+    labels = sorted({label for label, _ in study.best()})
+    palette = matplotlib.colormaps["tab10"].colors
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+
+
+def layer_colours(layers: int) -> list[tuple]:
+    """A colour per layer, layer 0 the darkest: the same layer the same colour in every per-layer figure."""
+    cmap = matplotlib.colormaps[LAYER_MAP]
+    return [cmap(LAYER_MAP_END * i / max(layers - 1, 1)) for i in range(layers)]
 
 
 def seed_band(runs: list[Run], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -36,87 +61,108 @@ def seed_band(runs: list[Run], key: str) -> tuple[list[int], list[float], list[f
     return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
-def _legend(ax, **kwargs) -> None:
-    ax.legend(fontsize=7, frameon=False, **kwargs)
+def _band(ax, x, mean, low, high, colour, label: str) -> None:
+    """A point's (or a layer's) mean line and its seeds' band."""
+    ax.plot(x, mean, color=colour, linewidth=1.5, label=label)
+    ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)
 
 
-def _batch_panels(best: dict):
-    """(figure, {batch: its axes}, {label: colour}): a panel per batch, a colour per point label
-    (the same in every figure); ``_save_with_legend_below`` puts the legend under them."""
-    batches = sorted({batch for _, batch in best})
-    columns = min(4, len(batches))
-    rows = math.ceil(len(batches) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, 3.6 * rows + 0.9), squeeze=False)
-    for ax in list(axes.flat)[len(batches):]:
+def _legend(ax) -> None:
+    ax.legend(fontsize=9, frameon=False)
+
+
+def _figure_legend(fig: Figure, colour: dict, where: str, title: str | None = None) -> None:
+    """One legend of ``colour``'s lines for every panel, outside them (``where``: "upper" or "lower"),
+    under ``title`` if given (above the panels, a title of its own would overlap it)."""
+    handles = [matplotlib.lines.Line2D([], [], color=c, linewidth=3, label=label) for label, c in colour.items()]
+    fig.legend(handles=handles, loc=f"outside {where} center", ncol=min(len(handles), 6), fontsize=11,
+               title=title, title_fontsize=13, frameon=False)
+
+
+def _fit(fig: Figure, title: str) -> str:
+    """``title`` wrapped to the figure's width (about ten characters an inch at a title's size): a
+    figure of one or two panels is narrower than its title."""
+    return textwrap.fill(title, int(10 * fig.get_figwidth()))
+
+
+def _panels(count: int, columns: int, width: float, height: float, **kwargs):
+    """(figure, its first ``count`` axes): a grid of ``columns`` panels a row, the rest blank."""
+    columns = min(columns, count)
+    rows = math.ceil(count / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False,
+                             layout="constrained", **kwargs)
+    for ax in list(axes.flat)[count:]:
         ax.axis("off")
-    return fig, dict(zip(batches, axes.flat)), colours(label for label, _ in best)
+    return fig, list(axes.flat)[:count]
 
 
-def _save_with_legend_below(fig, colour: dict, path: Path) -> None:
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    handles = [matplotlib.lines.Line2D([], [], color=c, label=label) for label, c in colour.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _batch_panels(best: dict) -> tuple[Figure, dict]:
+    """(figure, {batch: its axes}): a panel per batch of ``best``'s points."""
+    batches = sorted({batch for _, batch in best})
+    fig, axes = _panels(len(batches), 4, 4.4, 3.8)
+    return fig, dict(zip(batches, axes))
 
 
-def plot_val_loss(study: Study, path: Path) -> None:
+def plot_loss(study: Study, report_on: str) -> Figure:
+    """``report_on`` over training tokens, a panel per batch, a colour per point."""
     best = study.best()
-    fig, panels, colour = _batch_panels(best)
+    fig, panels = _batch_panels(best)
+    colour = point_colours(study)
     for (label, batch), selection in best.items():
-        ax = panels[batch]
-        steps, mean, low, high = seed_band(selection.runs, study.select_on)
+        steps, mean, low, high = seed_band(selection.runs, report_on)
         tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
-        ax.plot(tokens, mean, color=colour[label], linewidth=1.2)
-        ax.fill_between(tokens, low, high, color=colour[label], alpha=0.15, linewidth=0)
+        _band(panels[batch], tokens, mean, low, high, colour[label], label)
     for batch, ax in panels.items():
         lrs = ", ".join(f"{label} {s.lr:g}" for (label, b), s in best.items() if b == batch)
-        ax.set(xlabel="training tokens", ylabel=study.select_on,
-               title=f"batch {batch}\n" + textwrap.fill(f"lr: {lrs}", 60))
-        ax.title.set_fontsize(7)
+        ax.set(xlabel="training tokens", ylabel=report_on, title=f"batch {batch}\n" + textwrap.fill(f"lr: {lrs}", 55))
+        ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{study.select_on} over training, each point at its best lr (band: lowest to highest seed)")
-    _save_with_legend_below(fig, colour, path)
+    fig.suptitle(_fit(fig, f"{report_on} over training, each point at its lr selected on {study.select_on} "
+                           f"(band: lowest to highest seed)"))
+    _figure_legend(fig, colour, "lower")
+    return fig
 
 
-def plot_max_logits(study: Study, path: Path) -> None:
-    panels = list(study.best().items())[:MAX_PANELS]
-    columns = min(3, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.5 * rows), squeeze=False, sharey=True)
-    for ax, ((label, batch), selection) in zip(axes.flat, panels):
-        layers = selection.runs[0].layer_keys("max_logit")
-        cmap = plt.get_cmap("viridis", max(len(layers), 2))
-        for i, key in enumerate(layers):
-            steps, mean, low, high = seed_band(selection.runs, key)
-            ax.plot(steps, mean, color=cmap(i), linewidth=1, label=key.removeprefix("max_logit/"))
-            ax.fill_between(steps, low, high, color=cmap(i), alpha=0.15, linewidth=0)
-        ax.set_yscale("symlog", **SYMLOG)
-        ax.set(title=f"{label}, batch {batch}, lr {selection.lr:g}", xlabel="step", ylabel="max attention logit")
-        ax.title.set_fontsize(8)
+def _layer_panels(study: Study, stat: str, ylabel: str, title: str, symlog: bool = False) -> Figure | None:
+    """A panel per point that logged ``stat`` per layer (``stat/layer_NN``), a line per layer."""
+    panels = [(key, s) for key, s in study.best().items() if s.runs[0].layer_keys(stat)][:MAX_PANELS]
+    if not panels:
+        return None
+    layer = lambda key: int(key.removeprefix(f"{stat}/layer_"))  # noqa: E731
+    colour = layer_colours(1 + max(layer(key) for _, s in panels for key in s.runs[0].layer_keys(stat)))
+    fig, axes = _panels(len(panels), 3, 4.4, 3.2, sharey=True)
+    for ax, ((label, batch), selection) in zip(axes, panels):
+        for key in selection.runs[0].layer_keys(stat):
+            _band(ax, *seed_band(selection.runs, key), colour[layer(key)], f"layer {layer(key)}")
+        if symlog:
+            ax.set_yscale("symlog", **SYMLOG)
+        ax.set(title=f"{label}, batch {batch}, lr {selection.lr:g}", xlabel="step", ylabel=ylabel)
+        ax.title.set_fontsize(10)
         ax.grid(alpha=0.3, which="both")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper right", fontsize=7, ncol=max(1, len(names) // 12), frameon=False)
-    fig.suptitle("Max attention logit per layer (symmetric log scale; band: lowest to highest seed)")
-    _save(fig, path)
+    _figure_legend(fig, {f"layer {i}": c for i, c in enumerate(colour)}, "upper", _fit(fig, title))
+    return fig
 
 
-def _by_batch(study: Study, value) -> dict[str, list[tuple[int, list[float], bool]]]:
-    """Per row label: (batch, value(run) of each seed at the selected lr, whether that lr is on the
+def plot_max_logits(study: Study) -> Figure | None:
+    """The per-layer maximum attention logit over steps (the paper's figure)."""
+    return _layer_panels(study, "max_logit", "max attention logit",
+                         "Max attention logit per layer (symmetric log scale; band: lowest to highest seed)",
+                         symlog=True)
+
+
+def _by_batch(study: Study, values: Callable[[Selection], list[float]]) -> dict[str, list[tuple[int, list, bool]]]:
+    """Per point label: (batch, ``values`` of the seeds at its selected lr, whether that lr is on the
     grid's edge), batches ascending."""
     lines: dict[str, list] = {}
     for (label, batch), selection in study.best().items():
-        lines.setdefault(label, []).append((batch, [value(r) for r in selection.runs], selection.on_edge))
+        lines.setdefault(label, []).append((batch, values(selection), selection.on_edge))
     return lines
 
 
 def _against_batch(ax, lines: dict, colour: dict) -> None:
     for label, points in lines.items():
         batches = [b for b, _, _ in points]
-        stats = [summary(values) for _, values, _ in points]
-        means = [s.mean for s in stats]
+        means = [summary(values).mean for _, values, _ in points]
         ax.plot(batches, means, color=colour[label], marker="o", label=label)
         ax.fill_between(batches, [min(v) for _, v, _ in points], [max(v) for _, v, _ in points],
                         color=colour[label], alpha=0.15, linewidth=0)
@@ -127,33 +173,36 @@ def _against_batch(ax, lines: dict, colour: dict) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
-def plot_scaling(study: Study, path: Path) -> None:
-    lines = _by_batch(study, lambda r: r.final(study.select_on))
-    colour = colours(lines)
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    _against_batch(ax, lines, colour)
-    ax.set(xlabel="global batch (sequences)", ylabel=f"final {study.select_on}",
-           title="Final loss against the batch at a fixed token budget\n(best lr per point; band: lowest to "
-                 "highest seed; circled: the best lr is on its grid's edge)")
-    ax.title.set_fontsize(9)
+def plot_scaling(study: Study, report_on: str) -> Figure:
+    """The final ``report_on`` against the batch at the fixed token budget: the loss table's means
+    (study/report.py), a line per point."""
+    lines = _by_batch(study, lambda selection: selected_finals(selection, report_on))
+    fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
+    _against_batch(ax, lines, point_colours(study))
+    ax.set(xlabel="global batch (sequences)", ylabel=f"final {report_on}",
+           title=f"Final {report_on} against the batch at a fixed token budget\n(each point at its lr selected on "
+                 f"{study.select_on}; band: lowest to highest seed;\ncircled: that lr is on its grid's edge)")
+    ax.title.set_fontsize(10)
     _legend(ax)
-    _save(fig, path)
+    return fig
 
 
-def plot_peak_logit(study: Study, path: Path) -> None:
+def plot_peak_logit(study: Study) -> Figure | None:
     """The peak max attention logit (the largest layer, over training) against the batch."""
-    lines = _by_batch(study, lambda r: max((r.peak(k) for k in r.layer_keys("max_logit")), default=math.nan))
-    colour = colours(lines)
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    _against_batch(ax, lines, colour)
+    lines = _by_batch(study, lambda selection: [peak_logit(r) for r in selection.runs])
+    finite = [v for points in lines.values() for _, values, _ in points for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
+    _against_batch(ax, lines, point_colours(study))
     ax.set_yscale("symlog", **SYMLOG)
-    lowest = min(v for points in lines.values() for _, values, _ in points for v in values if math.isfinite(v))
-    ax.set_ylim(bottom=min(0.0, lowest))  # (symlog's autoscale would reach below 0 for positive data)
+    ax.set_ylim(bottom=min(0.0, min(finite)))  # (symlog's autoscale would reach below 0 for positive data)
     ax.set(xlabel="global batch (sequences)", ylabel="peak max attention logit (largest layer)",
-           title="Peak max attention logit against the batch (best lr per point; band: lowest to highest seed)")
-    ax.title.set_fontsize(9)
+           title=f"Peak max attention logit against the batch\n(each point at its lr selected on {study.select_on}; "
+                 f"band: lowest to highest seed)")
+    ax.title.set_fontsize(10)
     _legend(ax)
-    _save(fig, path)
+    return fig
 
 
 def per_layer(run: Run, stat: str) -> dict[int, tuple[list[int], list[float]]]:
@@ -168,25 +217,25 @@ def per_layer(run: Run, stat: str) -> dict[int, tuple[list[int], list[float]]]:
             for layer, by_step in sorted(layers.items())}
 
 
-def plot_merit_diagnostics(study: Study, path: Path) -> bool:
+def plot_merit_diagnostics(study: Study) -> Figure | None:
     """MERIT's clip fraction and trust-ratio spread per layer: plain MERIT (no ablation) at its
     selected lr, at the largest batch it was run at."""
     merit = [(key, s) for key, s in study.best().items()
              if s.runs[0].optimizer_label == "merit" and s.runs[0].keys("clip_fraction/")]
     if not merit:
-        return False
+        return None
     (label, batch), selection = max(merit, key=lambda item: item[0][1])
     run = selection.runs[0]
-    fig, (clip_ax, spread_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (clip_ax, spread_ax) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     clip = per_layer(run, "clip_fraction")
-    cmap = plt.get_cmap("viridis", max(len(clip), 2))
-    for layer, (steps, values) in clip.items():
-        clip_ax.plot(steps, values, color=cmap(layer), label=f"layer {layer}")
     low, high = per_layer(run, "trust_ratio_min"), per_layer(run, "trust_ratio_max")
+    colour = layer_colours(1 + max(clip.keys() | low.keys()))
+    for layer, (steps, values) in clip.items():
+        clip_ax.plot(steps, values, color=colour[layer], linewidth=1.5, label=f"layer {layer}")
     for layer in sorted(low.keys() & high.keys()):
         steps, lows = low[layer]
         spread = [h / lo if lo > 0 else math.nan for lo, h in zip(lows, high[layer][1])]
-        spread_ax.plot(steps, spread, color=cmap(layer), label=f"layer {layer}")
+        spread_ax.plot(steps, spread, color=colour[layer], linewidth=1.5, label=f"layer {layer}")
     clip_ax.set(xlabel="step", ylabel="fraction of elements clipped", title="MERIT element-wise clip fraction")
     spread_ax.set(xlabel="step", ylabel="max / min trust ratio", title="MERIT trust-ratio spread")
     spread_ax.set_yscale("log")
@@ -194,8 +243,7 @@ def plot_merit_diagnostics(study: Study, path: Path) -> bool:
         ax.grid(alpha=0.3)
         _legend(ax)
     fig.suptitle(f"{label}, batch {batch}, lr {selection.lr:g}, seed {run.seed} ({run.name})")
-    _save(fig, path)
-    return True
+    return fig
 
 
 HEAD_KEY = re.compile(r"max_logit/layer_(\d+)/head_(\d+)$")
@@ -210,13 +258,13 @@ def head_logits(run: Run, step: int) -> list[list[float]]:
     return [[cells.get((layer, head), math.nan) for head in range(heads)] for layer in range(layers)]
 
 
-def plot_head_logits(study: Study, path: Path) -> bool:
+def plot_head_logits(study: Study) -> Figure | None:
     """Layer x head heatmaps of the max attention logit at SNAPSHOTS steps, for the selected runs
     with the largest final logits: which heads run away, and when."""
     panels = [(label, batch, s.runs[0]) for (label, batch), s in study.best().items()
               if s.runs[0].keys("max_logit/layer_00/head_")]
     if not panels:
-        return False
+        return None
     peak = lambda run: max((run.final(k) or 0.0) for k in run.layer_keys("max_logit"))  # noqa: E731
     panels = sorted(panels, key=lambda p: peak(p[2]), reverse=True)[:MAX_PANELS // 2]
     grids = []
@@ -224,102 +272,89 @@ def plot_head_logits(study: Study, path: Path) -> bool:
         steps = sorted({r["step"] for r in run.records if "step" in r and any(HEAD_KEY.match(k) for k in r)})
         picked = sorted({steps[round(i * (len(steps) - 1) / max(SNAPSHOTS - 1, 1))] for i in range(SNAPSHOTS)})
         grids.append([(step, head_logits(run, step)) for step in picked])
-    top = max(v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))
+    cells = [v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v)]
     fig, axes = plt.subplots(len(panels), SNAPSHOTS, figsize=(2.8 * SNAPSHOTS + 1, 2.5 * len(panels)), squeeze=False,
                              layout="constrained")
-    norm = matplotlib.colors.SymLogNorm(linthresh=1.0, vmin=min(0.0, min(
-        v for row in grids for _, grid in row for line in grid for v in line if math.isfinite(v))), vmax=top)
+    norm = matplotlib.colors.SymLogNorm(linthresh=1.0, vmin=min(0.0, min(cells)), vmax=max(cells))
     for r, ((label, batch, run), row, ax_row) in enumerate(zip(panels, grids, axes)):
         for c, (ax, (step, grid)) in enumerate(zip(ax_row, row)):
             image = ax.imshow(grid, aspect="auto", cmap="magma", norm=norm)
-            ax.set_title(f"{label}, batch {batch}, step {step}", fontsize=7)
+            ax.set_title(f"{label}, batch {batch}, step {step}", fontsize=9)
             ax.set_xticks(range(len(grid[0])))
             ax.set_yticks(range(len(grid)))
-            ax.tick_params(labelsize=6)
+            ax.tick_params(labelsize=8)
             if c == 0:
                 ax.set_ylabel("layer")
             if r == len(panels) - 1:
                 ax.set_xlabel("head")
         for ax in ax_row[len(row):]:
             ax.axis("off")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="max attention logit (symmetric log)")
-    fig.suptitle("Max attention logit per layer and head over training (one seed at the best lr)")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    fig.colorbar(image, ax=axes, shrink=0.6, aspect=40, label="max attention logit (symmetric log)")
+    fig.suptitle(f"Max attention logit per layer and head over training (one seed at the lr selected on "
+                 f"{study.select_on})")
+    return fig
 
 
-def plot_attention_entropy(study: Study, path: Path) -> bool:
+def plot_attention_entropy(study: Study) -> Figure | None:
     """Per layer, the lowest head entropy over steps: entropy collapse shows before instability."""
-    panels = [(key, s) for key, s in study.best().items() if s.runs[0].layer_keys("attn_entropy")][:MAX_PANELS]
-    if not panels:
-        return False
-    columns = min(3, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.5 * rows), squeeze=False, sharey=True)
-    for ax, ((label, batch), selection) in zip(axes.flat, panels):
-        layers = selection.runs[0].layer_keys("attn_entropy")
-        cmap = plt.get_cmap("viridis", max(len(layers), 2))
-        for i, key in enumerate(layers):
-            steps, mean, low, high = seed_band(selection.runs, key)
-            ax.plot(steps, mean, color=cmap(i), linewidth=1, label=key.removeprefix("attn_entropy/"))
-            ax.fill_between(steps, low, high, color=cmap(i), alpha=0.15, linewidth=0)
-        ax.set(title=f"{label}, batch {batch}, lr {selection.lr:g}", xlabel="step",
-               ylabel="min attention entropy over heads (nats)")
-        ax.title.set_fontsize(8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper right", fontsize=7, ncol=max(1, len(names) // 12), frameon=False)
-    fig.suptitle("Attention entropy per layer, the lowest head (band: lowest to highest seed)")
-    _save(fig, path)
-    return True
+    return _layer_panels(study, "attn_entropy", "min attention entropy over heads (nats)",
+                         "Attention entropy per layer, the lowest head (band: lowest to highest seed)")
 
 
-def plot_noise_scale(study: Study, path: Path) -> bool:
+def plot_noise_scale(study: Study) -> Figure | None:
     """The gradient noise scale B_simple over training (tokens, the seeds at the selected lr) of
     every point, a panel per batch with that batch in tokens (dashed): a batch far above B_simple
     buys little per token, one far below takes more steps than it needs."""
     best = {key: s for key, s in study.best().items() if s.runs[0].series("noise_scale/b_simple")[0]}
     if not best:
-        return False
-    fig, panels, colour = _batch_panels(best)
+        return None
+    fig, panels = _batch_panels(best)
+    colour = point_colours(study)
     for (label, batch), selection in best.items():
         steps, mean, low, high = seed_band(selection.runs, "noise_scale/b_simple")
         tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
-        panels[batch].plot(tokens, mean, color=colour[label], linewidth=1.2)
-        panels[batch].fill_between(tokens, low, high, color=colour[label], alpha=0.12, linewidth=0)
+        _band(panels[batch], tokens, mean, low, high, colour[label], label)
     for batch, ax in panels.items():
         batch_tokens = next(s.runs[0].final("noise_scale/batch_tokens") for (_, b), s in best.items() if b == batch)
         ax.axhline(batch_tokens, color="black", linestyle="--", linewidth=1)
         ax.set_yscale("log")
         ax.set(xlabel="training tokens", ylabel="B_simple (tokens)",
                title=f"batch {batch} = {batch_tokens:,.0f} tokens (dashed)")
-        ax.title.set_fontsize(8)
+        ax.title.set_fontsize(9)
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle("Gradient noise scale B_simple over training against the batch (band: lowest to highest seed)")
-    _save_with_legend_below(fig, colour, path)
-    return True
+    fig.suptitle(_fit(fig, "Gradient noise scale B_simple over training against the batch (band: lowest to highest "
+                           "seed)"))
+    _figure_legend(fig, {label: colour[label] for label in sorted({label for label, _ in best})}, "lower")
+    return fig
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout(rect=(0, 0, 1, 0.97))  # (room for the suptitle)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss") -> list[Path]:
-    """Every figure of ``runs`` into the folder ``out``; the files written."""
-    out.mkdir(parents=True, exist_ok=True)
+def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None) -> list[Path]:
+    """Every figure of ``runs`` into the folder ``out`` (each point's lr chosen on ``select_on``,
+    the loss figures drawn on ``report_on``, default the same: the report's rule); the files written."""
+    report_on = report_on or select_on
     study = Study(runs, select_on)
+    out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in (("val_loss", plot_val_loss), ("max_logit", plot_max_logits), ("scaling", plot_scaling),
-                       ("peak_logit", plot_peak_logit)):
-        draw(study, out / f"{name}.png")
-        written.append(out / f"{name}.png")
-    for name, draw in (("merit_diagnostics", plot_merit_diagnostics), ("max_logit_heads", plot_head_logits),
-                       ("attn_entropy", plot_attention_entropy), ("noise_scale", plot_noise_scale)):
-        if draw(study, out / f"{name}.png"):  # each only where the runs logged its keys
+    figures = {"val_loss": lambda: plot_loss(study, report_on), "max_logit": lambda: plot_max_logits(study),
+               "scaling": lambda: plot_scaling(study, report_on), "peak_logit": lambda: plot_peak_logit(study),
+               "merit_diagnostics": lambda: plot_merit_diagnostics(study),
+               "max_logit_heads": lambda: plot_head_logits(study),
+               "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study)}
+    for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn
+        fig = figure()
+        if fig is not None:  # (None: the runs did not log its keys)
+            _save(fig, out / f"{name}.png")
             written.append(out / f"{name}.png")
     return written
+
+
+def _save(fig: Figure, path: Path) -> None:
+    """``fig`` as a PNG of 256 colours at most, written atomically, and closed. An adaptive palette
+    looks the same as full colour here (lines, text and the bands' blends of them) at a third of the
+    bytes."""
+    drawn, packed = io.BytesIO(), io.BytesIO()
+    fig.savefig(drawn, format="png", dpi=DPI)
+    plt.close(fig)
+    Image.open(drawn).convert("RGB").quantize(256).save(packed, format="png", optimize=True)
+    with atomic_write(path, "wb") as f:
+        f.write(packed.getvalue())

@@ -32,6 +32,17 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def selected_finals(selection: Selection, key: str) -> list[float | None]:
+    """The final ``key`` of each seed at the point's selected lr: what a table's cell and a figure's
+    point (its mean) and band (its seeds) report."""
+    return [r.final(key) for r in selection.runs]
+
+
+def peak_logit(run: Run) -> float:
+    """The largest per-layer max attention logit over the run (NaN if it logged none)."""
+    return max((run.peak(k) for k in run.layer_keys("max_logit")), default=math.nan)
+
+
 def _lr(selection: Selection) -> str:
     return f"lr {selection.lr:g}{', on the grid edge' if selection.on_edge else ''}"
 
@@ -50,7 +61,7 @@ def loss_table(study: Study, best: dict, report_on: str) -> str:
         for batch in batches:
             selection = best.get((label, batch))
             row.append("-" if selection is None else
-                       f"{_mean([r.final(report_on) for r in selection.runs])} ({_lr(selection)}, "
+                       f"{_mean(selected_finals(selection, report_on))} ({_lr(selection)}, "
                        f"n={len(selection.runs)})")
         rows.append(row)
     return table(["point", *(f"batch {b}" for b in batches)], rows)
@@ -74,8 +85,8 @@ def comparison_table(study: Study, best: dict, report_on: str) -> str | None:
             continue
         same = best.get((reference, batch))
         smallest = min(b for name, b in best if name == reference)
-        base = summary([r.final(report_on) for r in best[(reference, smallest)].runs])
-        mine = summary([r.final(report_on) for r in selection.runs])
+        base = summary(selected_finals(best[(reference, smallest)], report_on))
+        mine = summary(selected_finals(selection, report_on))
         rows.append([label, str(batch),
                      _difference(paired(selection.runs, same.runs, report_on)) if same else "-",
                      f"{mine.mean - base.mean:+.3f} (batch {smallest})"])
@@ -91,7 +102,7 @@ def grid_table(study: Study) -> str:
         for lr, seeds in by_lr.items():
             done = [r for r in seeds if r.finished]
             loss = _mean([r.final(study.select_on) for r in done]) if done else "did not finish"
-            peaks = [max((r.peak(k) for k in r.layer_keys("max_logit")), default=math.nan) for r in seeds]
+            peaks = [peak_logit(r) for r in seeds]
             finals = [max((r.final(k) for k in r.layer_keys("max_logit")), default=math.nan) for r in done]
             rows.append([label, str(batch), f"{lr:g}", loss, f"{len(done)} of {len(seeds)}",
                          f"{max(peaks):.3g}" if peaks else "-",
@@ -175,7 +186,7 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     if not best:
         return f"{title}\n\nNo point has an lr all of whose seeds finished.\n\n{unfinished_note(study)}\n"
     if target is None:
-        target = max(summary([r.final(report_on) for r in s.runs]).mean for s in best.values())
+        target = max(summary(selected_finals(s, report_on)).mean for s in best.values())
     where = f"selected on {select_on}, reported on {report_on}"
     with_batch = "".join(
         f" {key} goes with the batch ({', '.join(f'batch {b}: {v}' for b, v in values)})."
@@ -198,8 +209,9 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     return "\n\n".join(sections) + "\n"
 
 
-# A README block that holds one of a report's tables: <!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->
-README_BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n(.*?)\n<!-- end -->", re.S)
+# A block of a page (README.md, docs/*.md) that holds one of a report's tables:
+# <!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->
+REPORT_BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n(.*?)\n<!-- end -->", re.S)
 
 
 def first_table(text: str, heading: str) -> str:
@@ -223,4 +235,4 @@ def fill_blocks(document: str, archive: str, text: str) -> str:
             return match.group(0)
         head = match.group(0).split("\n", 1)[0]
         return f"{head}\n{first_table(text, match.group(4))}\n<!-- end -->"
-    return README_BLOCK.sub(table_of, document)
+    return REPORT_BLOCK.sub(table_of, document)

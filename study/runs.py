@@ -16,11 +16,13 @@ seeds finished.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import json
 import math
 import statistics
+import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,3 +341,24 @@ def pack_runs(runs: list[Run], root: Path, archive: Path) -> None:
                     tar.addfile(info, io.BytesIO(data))
     with atomic_write(archive, "wb") as f:
         f.write(buffer.getvalue())
+
+
+def study_arguments(parser: argparse.ArgumentParser, reported: str) -> None:
+    """The arguments this CLI and scripts/plot.py share: the runs, --select-on (the metric each
+    point's lr is chosen on) and --report-on (the metric ``reported`` says what is read on: the
+    tables, the loss figures)."""
+    parser.add_argument("paths", nargs="+", type=Path,
+                        help="run folders (config.json and metrics.jsonl), sweep folders, folders above them, "
+                             "or .tar.xz archives of runs (scripts/mini_study.py --archive writes one)")
+    parser.add_argument("--select-on", default="val/loss", help="the metric each point's lr is chosen on "
+                                                                "(default: val/loss)")
+    parser.add_argument("--report-on", help=f"the metric {reported} (default: --select-on)")
+
+
+def study_runs(args: argparse.Namespace, tool: str) -> list[Run]:
+    """The runs at or under ``args.paths`` that logged ``--select-on``; the CLI ``tool`` exits if none did."""
+    runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
+    if not runs:
+        sys.exit(f"{tool}: no runs that logged {args.select_on} under {', '.join(map(str, args.paths))} (run "
+                 f"folders, each with config.json and metrics.jsonl, or .tar.xz archives of them)")
+    return runs

@@ -8,12 +8,14 @@ import statistics
 import subprocess
 import sys
 
+import matplotlib.colors
+import matplotlib.pyplot as plt
 import pytest
 
 from conftest import ROOT
 from study import plot
-from study.report import report
-from study.runs import find_runs
+from study.report import first_table, report
+from study.runs import Study, find_runs
 
 BLOCK = 8
 # (optimizer, batch, lr, seed) -> the final validation loss; the curve falls linearly to it.
@@ -24,6 +26,9 @@ FINALS = {
     ("merit", 16, 1e-2, 0): 1.60, ("merit", 16, 1e-2, 1): 1.62,
 }
 STEPS = (0, 10, 20, 30, 40)
+# The held-out loss is the validation loss plus HELDOUT_PER_LR x lr at every step: chosen on it, AdamW
+# at batch 4 would take lr 1e-3 (mean 2.25 against 2.45), where val/loss takes 3e-3.
+HELDOUT_PER_LR = 200.0
 
 
 def write_run(folder, optimizer, batch, lr, seed, final, options=None, diverged_at=None):
@@ -34,7 +39,8 @@ def write_run(folder, optimizer, batch, lr, seed, final, options=None, diverged_
     records = [{"run_info": {"optim_backend": "auto"}}]
     for i, step in enumerate(STEPS):
         loss = 4.0 - (4.0 - final) * i / (len(STEPS) - 1)
-        record = {"step": step, "tokens": step * batch * BLOCK, "val/loss": loss}
+        record = {"step": step, "tokens": step * batch * BLOCK, "val/loss": loss,
+                  "heldout/loss": loss + HELDOUT_PER_LR * lr}
         if step:
             # layer 0's logit peaks at step 20 at 10 x (1 + seed); layer 1's grows to 5 x step.
             record.update({"train/loss": loss + 0.1, "max_logit/layer_00": (10.0 if step == 20 else 3.0) * (1 + seed),
@@ -154,7 +160,6 @@ def test_an_lr_with_a_diverged_seed_is_never_selected(tmp_path):
 
 
 def test_a_merit_ablation_is_never_merit(study):
-    from study.runs import Study
     best = Study(find_runs([study])).best()
     assert {label for label, _ in best} == {"adamw", "merit", "merit (maxLAMB)"}
     assert all(s.runs[0].optimizer_label == label for (label, _), s in best.items())
@@ -164,13 +169,14 @@ def test_a_merit_ablation_is_never_merit(study):
 @pytest.mark.slow  # matplotlib, every figure
 def test_plot_writes_every_figure(study, tmp_path):
     out = tmp_path / "figures"
-    result = cli("plot", study, "--out", out)
-    assert result.returncode == 0 and "12 runs ->" in result.stdout
+    result = cli("plot", study, "--out", out, "--report-on", "heldout/loss")
+    assert result.returncode == 0, result.stderr
+    assert "12 runs, lrs selected on val/loss, losses drawn on heldout/loss ->" in result.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == ["attn_entropy.png", "max_logit.png", "max_logit_heads.png", "merit_diagnostics.png",
                      "noise_scale.png", "peak_logit.png", "scaling.png", "val_loss.png"]
     for path in out.iterdir():
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
     # The per-layer averages behind the diagnostics figure.
     merit = next(r for r in find_runs([study]) if r.name == "merit_b16_lr0.01_s0")
     steps, clip = plot.per_layer(merit, "clip_fraction")[1]
@@ -183,7 +189,7 @@ def test_plot_writes_every_figure(study, tmp_path):
 def test_no_runs_is_a_clear_error(tmp_path):
     for name, args in (("report", [tmp_path]), ("plot", [tmp_path, "--out", tmp_path / "f"])):
         result = cli(name, *args)
-        assert result.returncode == 1 and f"{name}: no run folders with a validation loss under" in result.stderr
+        assert result.returncode == 1 and f"{name}: no runs that logged val/loss under {tmp_path}" in result.stderr
 
 
 def test_an_archive_of_the_runs_gives_the_same_report(study, tmp_path):
@@ -198,3 +204,89 @@ def test_an_archive_of_the_runs_gives_the_same_report(study, tmp_path):
     first = archive.read_bytes()
     pack_runs(runs, study, archive)
     assert archive.read_bytes() == first  # the same runs, the same bytes
+
+
+def _loss_table_means(text: str, label: str) -> list[float]:
+    """The means of ``label``'s row of a report's final-loss table, batch by batch ("-" left out)."""
+    row = next(line for line in first_table(text, "## Final").splitlines() if line.startswith(f"| {label} |"))
+    return [float(cell.split()[0]) for cell in row.strip("|").split("|")[1:] if cell.strip() != "-"]
+
+
+def test_scaling_draws_the_report_metric_at_the_lr_chosen_on_the_select_metric(study):
+    """Chosen on val/loss, reported on heldout/loss: each point's line holds the report's means, the
+    held-out loss of the seeds at the val/loss-selected lr (computed here from FINALS); chosen on
+    heldout/loss, AdamW at batch 4 moves to lr 1e-3."""
+    runs = find_runs([study])
+    for select_on, adamw_lr in (("val/loss", 3e-3), ("heldout/loss", 1e-3)):
+        fig = plot.plot_scaling(Study(runs, select_on), "heldout/loss")
+        ax = fig.axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        expected = {label: [statistics.fmean(final + HELDOUT_PER_LR * lr for (o, b, lr, _), final in FINALS.items()
+                                             if o == optimizer and b == batch and lr == best)
+                            for batch, best in lrs]
+                    for label, optimizer, lrs in (("adamw", "adamw", [(4, adamw_lr), (16, 3e-3)]),
+                                                  ("merit", "merit", [(4, 1e-2), (16, 1e-2)]))}
+        expected["merit (maxLAMB)"] = [1.9 + HELDOUT_PER_LR * 1e-2]
+        text = report(runs, None, select_on, "heldout/loss")
+        for label, means in expected.items():
+            assert list(lines[label].get_xdata()) == ([4] if label == "merit (maxLAMB)" else [4, 16])
+            assert list(lines[label].get_ydata()) == pytest.approx(means)
+            assert _loss_table_means(text, label) == [round(m, 3) for m in means]  # the table's numbers
+        assert ax.get_ylabel() == "final heldout/loss"
+        assert "Final heldout/loss" in ax.get_title() and f"selected on {select_on}" in ax.get_title()
+        plt.close(fig)
+
+
+def test_the_loss_over_tokens_draws_the_report_metric(study):
+    """val_loss.png's curves: the report metric over tokens, the mean of the seeds at the selected lr
+    (the curve falls linearly from 4.0 to the final loss, plus the held-out shift)."""
+    fig = plot.plot_loss(Study(find_runs([study]), "val/loss"), "heldout/loss")
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("batch 4\n"))
+    adamw = next(line for line in panel.get_lines() if line.get_label() == "adamw")
+    curve = [statistics.fmean(4.0 - (4.0 - final) * i / (len(STEPS) - 1) for final in (1.8, 1.9))
+             + HELDOUT_PER_LR * 3e-3 for i in range(len(STEPS))]
+    assert list(adamw.get_xdata()) == [step * 4 * BLOCK for step in STEPS]
+    assert list(adamw.get_ydata()) == pytest.approx(curve)
+    assert "adamw 0.003" in panel.get_title() and panel.get_ylabel() == "heldout/loss"
+    title = " ".join(fig.get_suptitle().split())  # (wrapped to the figure's width)
+    assert title.startswith("heldout/loss over training") and "selected on val/loss" in title
+    plt.close(fig)
+
+
+def test_plot_help_names_every_input_and_both_metrics():
+    result = cli("plot", "--help")
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())
+    for words in ("run folders", "sweep folders", "folders above them", ".tar.xz archives of runs",
+                  "--select-on SELECT_ON", "--report-on REPORT_ON", "(default: --select-on)"):
+        assert words in help_text
+
+
+def _luminance(colour) -> float:
+    """WCAG's relative luminance of an sRGB colour: white is 1, black 0."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in matplotlib.colors.to_rgb(colour)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def test_every_line_shows_on_white_and_a_layer_keeps_its_colour(study):
+    """Every layer and point colour has a luminance below 0.5 (tab10's lightest, its olive, is 0.47;
+    viridis's pale yellow end 0.78), and a layer has one colour in every per-layer figure, named in
+    a legend large enough to read."""
+    figure_study = Study(find_runs([study]), "val/loss")
+    figures = [plot.plot_max_logits(figure_study), plot.plot_attention_entropy(figure_study),
+               plot.plot_merit_diagnostics(figure_study)]
+    by_layer = {}
+    for fig in figures:
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                if line.get_label().startswith("layer "):
+                    by_layer.setdefault(line.get_label(), set()).add(matplotlib.colors.to_hex(line.get_color()))
+    assert sorted(by_layer) == ["layer 0", "layer 1"] and all(len(c) == 1 for c in by_layer.values())
+    for fig in figures[:2]:
+        legend = fig.legends[0]
+        assert [t.get_text() for t in legend.get_texts()] == ["layer 0", "layer 1"]
+        assert min(t.get_fontsize() for t in legend.get_texts()) >= 10
+    colours = [*plot.layer_colours(24), *plot.point_colours(figure_study).values()]
+    assert max(map(_luminance, colours)) < 0.5 < _luminance(matplotlib.colormaps["viridis"](1.0))
+    for fig in figures:
+        plt.close(fig)
