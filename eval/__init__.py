@@ -1,6 +1,6 @@
 """Zero-shot evaluation with lm-evaluation-harness 0.4.x's scoring, on our own models.
 
-    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper [--data-dir DIR] [--out results.json]
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper [--data-dir DIR | --samples] [--out results.json]
 
 eval/tasks.py defines the tasks (prompts, choices, metrics as the harness's YAMLs have them),
 eval/scorer.py computes log-likelihoods as the harness's HF backend does, and ``evaluate`` runs
@@ -64,7 +64,10 @@ def evaluate(scorer: Scorer, tasks: list[Task], data_dir=None, limit: int | None
 
 
 def format_table(results: dict) -> str:
-    """The results as a plain-text table: task, version, n, metric, value, stderr."""
+    """The results as a plain-text table: task, version, n, metric, value, stderr. Values and
+    stderrs are printed as the harness's make_table prints them: four decimals however large (a
+    perplexity's bootstrap stderr on a few examples of a barely trained model can have twenty
+    digits, in the harness too), "N/A" where it has none."""
     rows = [("task", "version", "n", "metric", "value", "stderr")]
     for name, summary in results.items():
         metrics = [k for k in summary if k not in ("version", "n", "seconds") and not k.endswith("_stderr")]

@@ -2,11 +2,16 @@
 
     python -m eval --ckpt runs/NAME/ckpt.pt --tasks lambada_openai,hellaswag,superglue
     python -m eval --hf path/to/gpt2 --tasks paper --data-dir tasks/ --out results.json
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper --samples    # offline, a first try
 
-Task data comes from the Hugging Face hub through `datasets`, or with --data-dir from local
-files <DIR>/<task>.jsonl or .parquet in the hub's schema. Prints a table and writes a JSON file
-with every metric, its stderr, n, the task versions, the tokenizer, the checkpoint's step and
-the exact configuration; --log-samples adds every example's requests and log-likelihoods.
+Task data comes from the Hugging Face hub through `datasets` (its cache, offline, where the hub
+does not answer), or with --data-dir from local files <DIR>/<task>.jsonl or .parquet in the
+hub's schema, or with --samples from the small sample tasks of eval/samples.py (a check that
+evaluation runs, not a benchmark; `python -m eval.samples DIR` writes them into DIR). Prints a
+table and writes a JSON file with every metric, its stderr (lm-evaluation-harness's, "N/A" in
+the table and null in the JSON where the harness reports none), n, the task versions, the
+tokenizer, the checkpoint's step and the exact configuration; --log-samples adds every
+example's requests and log-likelihoods.
 
 An existing results file of the same model (the same checkpoint at the same step, or the same HF
 folder) is merged by task: a task evaluated again replaces its own result, the others stay, and
@@ -15,6 +20,7 @@ another model is never replaced unless --overwrite is given.
 """
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,6 +29,7 @@ import torch
 from atomic import atomic_write
 from data.tokenizer import get_tokenizer
 from eval import evaluate, format_table
+from eval.samples import samples_dir
 from eval.scorer import Scorer
 from eval.tasks import tasks_named
 from hf import from_hf
@@ -46,11 +53,16 @@ def main(argv=None) -> None:
     source.add_argument("--ckpt", help="a checkpoint written by train.py (RUN/ckpt.pt)")
     source.add_argument("--hf", help="a Hugging Face GPT2LMHeadModel folder (e.g. OpenAI's GPT-2)")
     parser.add_argument("--tasks", required=True, help="comma-separated tasks and groups (superglue, paper)")
-    parser.add_argument("--data-dir", help="local task files <DIR>/<task>.jsonl|.parquet instead of the hub")
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--data-dir", help="local task files <DIR>/<task>.jsonl|.parquet instead of the hub")
+    data.add_argument("--samples", action="store_true",
+                      help="the sample tasks of eval/samples.py instead of the hub: offline, a handful of examples "
+                           "per task (results in results_samples.json unless --out)")
     parser.add_argument("--limit", type=int, help="only the first N examples of each task")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, help="results JSON (default: results.json next to --ckpt)")
+    parser.add_argument("--out", type=Path, help="results JSON (default: results.json next to --ckpt, or in the "
+                                                  "current folder with --hf)")
     parser.add_argument("--log-samples", action="store_true", help="add per-example log-likelihoods to the JSON")
     parser.add_argument("--overwrite", action="store_true", help="replace --out even if it holds another model's results")
     args = parser.parse_args(argv)
@@ -63,16 +75,23 @@ def main(argv=None) -> None:
         parser.error(f"--tasks {args.tasks}: {error}")
     try:
         model, tokenizer_name, source_info = load(args)
-        out = args.out or (Path(args.ckpt).with_name("results.json") if args.ckpt else Path("results.json"))
+        # Sample results are kept apart from a checkpoint's real ones: the two would merge by task.
+        name = "results_samples.json" if args.samples else "results.json"
+        out = args.out or (Path(args.ckpt).with_name(name) if args.ckpt else Path(name))
         earlier = earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation
+        data_dir = samples_dir() if args.samples else args.data_dir
     except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder, a results file
         sys.exit(f"eval: {error}")
     scorer = Scorer(model.to(args.device), get_tokenizer(tokenizer_name), batch_size=args.batch_size,
                     device=args.device)
+    quiet_datasets()
     try:
-        output = evaluate(scorer, tasks, data_dir=args.data_dir, limit=args.limit, log_samples=args.log_samples)
-    except (ConnectionError, FileNotFoundError, ValueError) as error:  # task data neither on the hub nor
-        sys.exit(f"eval: {error}")  # local; a task the model cannot score
+        output = evaluate(scorer, tasks, data_dir=data_dir, limit=args.limit, log_samples=args.log_samples)
+    except ConnectionError as error:  # neither the hub nor datasets' cache has the task: say what works offline
+        command = shlex.join(["python", "-m", "eval", *(sys.argv[1:] if argv is None else argv), "--samples"])
+        sys.exit(f"eval: {error}. Or evaluate on the sample tasks, offline: {command}")
+    except (FileNotFoundError, ValueError) as error:  # a task's local file missing; a task the model cannot score
+        sys.exit(f"eval: {error}")
     print(format_table(output["results"]))
     eval_config = {key: (str(v) if isinstance(v, Path) else v) for key, v in vars(args).items()}
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),
@@ -84,6 +103,16 @@ def main(argv=None) -> None:
     with atomic_write(out) as f:
         f.write(json.dumps(record, indent=2).encode())
     print(f"wrote {out}")
+
+
+def quiet_datasets() -> None:
+    """No progress bars from datasets or huggingface_hub (loading each task's split draws several):
+    the table and the scorer's progress stay readable."""
+    import datasets
+    import huggingface_hub
+
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
 
 
 def earlier_results(out: Path, source_info: dict, overwrite: bool) -> dict:

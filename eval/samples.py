@@ -1,10 +1,15 @@
 """Small local copies of the evaluation tasks, in the hub's schema of each task's evaluated split:
 offline sample data for the tests, scripts/bench_eval.py and a first try of ``python -m eval``.
 
-    rows = write_fixtures(Path(DIR))   # DIR/<task>.jsonl for every task in eval.tasks.TASKS
+    python -m eval.samples DIR     # writes DIR/<task>.jsonl for every task in eval.tasks.TASKS
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper --data-dir DIR
+    python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper --samples   # the two in one (samples_dir)
+
+    rows = write_fixtures(Path(DIR))   # the same from Python
     names = write_harness_tasks(Path(INCLUDE), Path(DIR))   # lm-eval task YAMLs reading those files
 
-`python -m eval --data-dir DIR` and Task.load_docs(DIR) read them. The texts are varied, natural
+`python -m eval --data-dir DIR` and Task.load_docs(DIR) read them. A handful of examples per task:
+a check that evaluation runs, offline, not a benchmark. The texts are varied, natural
 English written for these files (not copied from the datasets), so a small model scores them
 non-trivially; every value is fixed (no randomness). They cover the harness's special cases: ARC
 items with numeric labels and five choices and with three choices, HellaSwag WikiHow contexts
@@ -16,8 +21,11 @@ WSC word-index spans, WinoGrande blanks.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 from atomic import atomic_write
@@ -455,13 +463,48 @@ FIXTURES: dict[str, list[dict]] = {
 
 
 def write_fixtures(data_dir: Path) -> dict[str, list[dict]]:
-    """Write <data_dir>/<task>.jsonl for every task (one hub row a line); return the rows by task."""
+    """Write <data_dir>/<task>.jsonl for every task (one hub row a line); return the rows by task.
+    A file that already holds its rows is left as it is, its mtime too: datasets keys its cache of
+    a local file by path and mtime, so writing the same samples again reuses that cache."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     for task, rows in FIXTURES.items():
-        with atomic_write(data_dir / f"{task}.jsonl", "w") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        path = data_dir / f"{task}.jsonl"
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            with atomic_write(path, "w") as f:
+                f.write(text)
     return json.loads(json.dumps(FIXTURES))  # a copy the caller may change
+
+
+def samples_dir() -> Path:
+    """The sample tasks, written (as write_fixtures does) into a folder of datasets' cache
+    (HF_DATASETS_CACHE), beside its copies of them: where ``python -m eval --samples`` reads them."""
+    import datasets
+
+    data_dir = Path(datasets.config.HF_DATASETS_CACHE) / "nanomerit_eval_samples"
+    write_fixtures(data_dir)
+    return data_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.samples",
+        description="Write the sample tasks, <DIR>/<task>.jsonl for every task of `python -m eval` in the "
+                    "hub's schema (a handful of examples each: a check that evaluation runs offline, not a "
+                    "benchmark), and print the command that evaluates a checkpoint on them.")
+    parser.add_argument("dir", type=Path, help="the folder to write them into (made if missing)")
+    args = parser.parse_args(argv)
+    try:
+        rows = write_fixtures(args.dir)
+    except OSError as error:
+        sys.exit(f"eval.samples: cannot write the sample tasks into {args.dir}: {error}")
+    print(f"wrote {len(rows)} sample tasks into {args.dir}:")
+    width = max(len(task) for task in rows) + len(".jsonl")
+    for task, task_rows in rows.items():
+        print(f"  {task + '.jsonl':<{width}}  {len(task_rows)} examples")
+    print("evaluate a checkpoint on them (no hub needed):")
+    print(f"  python -m eval --ckpt runs/NAME/ckpt.pt --tasks paper --data-dir {shlex.quote(str(args.dir))}")
 
 
 HARNESS_YAMLS = {  # our task -> the harness's YAML, relative to lm_eval/tasks
@@ -498,3 +541,7 @@ def write_harness_tasks(include_dir: Path, data_dir: Path) -> dict[str, tuple[di
             f.write(yaml.safe_dump(override))
         written[name] = (config, f"{name}_fixture")
     return written
+
+
+if __name__ == "__main__":
+    main()

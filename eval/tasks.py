@@ -21,7 +21,9 @@ scorer moves them as the harness's backends do), continuations include the targe
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -116,6 +118,58 @@ AGGREGATIONS: dict[str, Callable] = {
 }
 
 
+# ----------------------------------------------------------------------------------- the hub
+# datasets reads HF_HUB_OFFLINE (from 2.20) or HF_DATASETS_OFFLINE (2.19), set from the environment
+# at import; huggingface_hub reads its own HF_HUB_OFFLINE.
+DATASETS_OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def datasets_offline() -> bool:
+    """Whether datasets is in offline mode (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1)."""
+    import datasets
+
+    return any(getattr(datasets.config, flag, False) for flag in DATASETS_OFFLINE_FLAGS)
+
+
+@functools.cache
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at ``endpoint`` cannot be reached (the network error of one HEAD request, through
+    huggingface_hub's own HTTP client: its proxies, certificates and timeout for metadata
+    requests), or None if it answered. Asked once per process and endpoint."""
+    from huggingface_hub import constants, get_session
+
+    errors: tuple[type[Exception], ...] = (OSError,)  # requests' errors (huggingface_hub < 1.0) are OSErrors
+    with contextlib.suppress(ImportError):
+        import httpx  # huggingface_hub >= 1.0
+
+        errors += (httpx.TransportError,)
+    try:
+        get_session().head(endpoint, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except errors as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+@contextlib.contextmanager
+def hub_offline():
+    """datasets and huggingface_hub in offline mode (as HF_HUB_OFFLINE=1 sets it at import), for
+    the calls inside only. Where the hub cannot be reached this makes datasets read its cache, or
+    fail, at once: online, the hub client retries every request for about 25 seconds first."""
+    import datasets
+    from huggingface_hub import constants
+
+    flags = [(datasets.config, flag) for flag in DATASETS_OFFLINE_FLAGS if hasattr(datasets.config, flag)]
+    flags.append((constants, "HF_HUB_OFFLINE"))
+    saved = [getattr(module, flag) for module, flag in flags]
+    try:
+        for module, flag in flags:
+            setattr(module, flag, True)
+        yield
+    finally:
+        for (module, flag), value in zip(flags, saved):
+            setattr(module, flag, value)
+
+
 # ----------------------------------------------------------------------------------- tasks
 
 @dataclass(frozen=True)
@@ -149,19 +203,25 @@ class Task:
 
     def load_docs(self, data_dir: str | Path | None = None, limit: int | None = None) -> list[Doc]:
         """The evaluated documents in the harness's order, after the harness's process_docs (HellaSwag's).
-        data_dir None: the hub through datasets.load_dataset; else the local file (see local_file).
+        data_dir None: the hub through datasets.load_dataset, or datasets' cache offline where the hub
+        does not answer (hub_unreachable); else the local file (see local_file).
         limit: the first `limit` documents."""
         import datasets  # slow to import: only when data is needed
 
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if data_dir is None:
+            unreachable = None if datasets_offline() else hub_unreachable(datasets.config.HF_ENDPOINT)
             try:
-                dataset = datasets.load_dataset(self.dataset_path, self.dataset_name, split=self.split)
-            except ConnectionError as error:  # offline, or the hub unreachable
-                raise ConnectionError(f"task {self.name}: {error}. Without the hub, give local files: --data-dir "
-                                      f"DIR (zero_shot_data_dir in a training config) holding {self.name}.jsonl or "
-                                      f".parquet in the hub's schema (eval/samples.py writes small ones)") from error
+                with hub_offline() if unreachable else contextlib.nullcontext():
+                    dataset = datasets.load_dataset(self.dataset_path, self.dataset_name, split=self.split)
+            except ConnectionError as error:  # offline, or the hub unreachable, and no copy in datasets' cache
+                why = (f"the hub ({datasets.config.HF_ENDPOINT}) cannot be reached ({unreachable}) and datasets' "
+                       f"cache has no copy of {self.dataset_path}" if unreachable else str(error))
+                raise ConnectionError(f"task {self.name}: {why}. Without the hub, give local files: --data-dir DIR "
+                                      f"(zero_shot_data_dir in a training config) holding {self.name}.jsonl or "
+                                      f".parquet in the hub's schema; `python -m eval.samples DIR` writes small "
+                                      f"sample ones") from error
         else:
             path = self.local_file(data_dir)
             builder = "json" if path.suffix == ".jsonl" else "parquet"

@@ -3,6 +3,7 @@
 the exported model, and the harness running our checkpoint through eval/harness.py."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import torch
 from conftest import ROOT, run_train, train_here
 from data.shards import write_shard
 from data.tokenizer import get_tokenizer
-from eval import evaluate
+from eval import evaluate, format_table
 from eval.scorer import Scorer
 from eval.tasks import TASKS, tasks_named
 from eval.samples import write_fixtures, write_harness_tasks
@@ -90,6 +91,34 @@ def test_cli_writes_the_results_the_training_hook_logged(trained, ours, tmp_path
     assert logged.keys() == cli.keys()
     for key, value in cli.items():
         assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key  # batch 4 in training, 7 here
+
+
+@pytest.mark.slow  # the trained fixture, `python -m eval.samples` and `python -m eval` as processes
+def test_offline_the_command_the_samples_command_prints_evaluates_as_the_api_does(trained, ours, tmp_path):
+    """`python -m eval.samples DIR`, then the command it prints (our checkpoint for its placeholder)
+    on an air-gapped node: the table, no progress bars of datasets, the numbers of evaluate()."""
+    run_dir, _ = trained
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf_cache")}  # a cache of its own: datasets writes there first
+    written = subprocess.run([sys.executable, "-m", "eval.samples", str(tmp_path / "samples")], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert written.returncode == 0, written.stderr[-3000:]
+    [command] = [line.strip() for line in written.stdout.splitlines() if line.strip().startswith("python -m eval ")]
+    args = shlex.split(command)[3:]
+    assert args[args.index("--ckpt") + 1] == "runs/NAME/ckpt.pt"
+    args[args.index("--ckpt") + 1] = str(run_dir / CHECKPOINT_NAME)
+    out = tmp_path / "results.json"
+    result = subprocess.run([sys.executable, "-m", "eval", *args, "--out", str(out)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Generating" not in result.stdout + result.stderr and "examples/s" not in result.stderr
+    record = json.loads(out.read_text())
+    assert format_table(record["results"]) in result.stdout
+    assert metric_values(record["results"]).keys() == metric_values(ours["results"]).keys()
+    for key, value in metric_values(ours["results"]).items():
+        other = metric_values(record["results"])[key]
+        # float32 sums: the process may compute with another number of threads than this one
+        assert (value is None and other is None) or other == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
 @pytest.mark.slow  # torchrun, 2 gloo ranks
@@ -189,5 +218,7 @@ def test_the_cli_without_the_hub_or_a_checkpoint_says_what_to_pass(tmp_path):
     offline = run("--ckpt", str(tmp_path / "ckpt.pt"), "--tasks", "piqa")
     assert offline.returncode != 0 and "Traceback" not in offline.stderr, offline.stderr[-2000:]
     assert "eval: task piqa: Couldn't reach" in offline.stderr and "--data-dir DIR" in offline.stderr
+    assert offline.stderr.rstrip().endswith(f"offline: python -m eval --ckpt {tmp_path / 'ckpt.pt'} --tasks piqa "
+                                            "--samples")
     missing = run("--ckpt", str(tmp_path / "nope.pt"), "--tasks", "piqa")
     assert missing.returncode != 0 and "eval: no checkpoint at" in missing.stderr and "Traceback" not in missing.stderr

@@ -10,10 +10,12 @@ import ast
 import json
 import random
 import zlib
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from eval import evaluate, format_table
 from eval import tasks as task_module
 from eval.tasks import GROUPS, TASKS, Task, tasks_named
 from eval.samples import HARNESS_YAMLS, write_fixtures, write_harness_tasks
@@ -141,6 +143,77 @@ def test_perplexity_bootstrap_reproduces_the_harness_resamples(monkeypatch):
     assert TASKS["lambada_openai"].stderr("perplexity", values[:1]) is None  # the harness: "N/A"
 
 
+class FakeScorer:
+    """A model's place in ``evaluate``: the fake_results of each request, seeded by the request
+    (``evaluate`` names each call by its task, ``desc``)."""
+
+    def loglikelihood(self, requests, desc):
+        return [fake_results(TASKS[desc], [request], repr(request))[0] for request in requests]
+
+    def loglikelihood_rolling(self, texts, desc):
+        return [fake_results(TASKS[desc], [text], text)[0] for text in texts]
+
+
+def table_cells(lines, split) -> dict[tuple[str, str], tuple[str, str]]:
+    """{(task, metric): (value, stderr)} of a printed table whose rows ``split`` turns into
+    (task or "" under the row above, metric, value, stderr), or None for a row that is not one."""
+    cells, task = {}, None
+    for line in lines:
+        row = split(line)
+        if row:
+            task = row[0] or task
+            cells[task, row[1]] = row[2:]
+    return cells
+
+
+def ours_row(line: str):  # task  version  n  metric  value  stderr; the first three blank after a task's first row
+    words = line.split()
+    return None if words[0] == "task" else ((words[0] if len(words) == 6 else ""), *words[-3:])
+
+
+def harness_row(line: str):  # |task|version|filter|n-shot|metric|↑|value|±|stderr|
+    cells = [cell.strip() for cell in line.split("|")]
+    return None if len(cells) < 10 or cells[1] == "Tasks" or cells[1].startswith("-") else (
+        cells[1], cells[5], cells[7], cells[9])
+
+
+def test_the_table_and_json_report_what_the_harness_reports(harness, fixture_dir, monkeypatch):
+    """evaluate()'s results (the JSON) and format_table's printed values and stderrs are those of
+    the harness's own aggregation (default 100,000 bootstrap resamples) and its make_table, on the
+    same per-example results. LAMBADA's six fake log-likelihoods (down to -40) give a perplexity of
+    about 1e4 and a bootstrap stderr of about 6e10, printed in full by both: exp(-mean) of the
+    resamples that repeat the worst example is huge, as on a barely trained model."""
+    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # the harness's single-process bootstrap: same resamples
+    from lm_eval.evaluator_utils import _compute_task_aggregations
+    from lm_eval.utils import make_table
+
+    output = evaluate(FakeScorer(), tasks_named("paper"), data_dir=fixture_dir, log_samples=True)
+    theirs = {}
+    for name, records in output["samples"].items():
+        _, htask = harness[name]
+        hdocs = list(htask.eval_docs)
+        raw = defaultdict(list)
+        for record in records:
+            for metric, value in htask.process_results(hdocs[record["doc_id"]], record["results"]).items():
+                raw[metric, "none"].append(value)
+        theirs[name] = _compute_task_aggregations(htask, raw, bootstrap_iters=100_000)[0]
+    for name, summary in output["results"].items():
+        for metric in TASKS[name].metrics:
+            assert summary[metric] == pytest.approx(theirs[name][f"{metric},none"], rel=1e-13), (name, metric)
+            stderr, expected = summary[f"{metric}_stderr"], theirs[name][f"{metric}_stderr,none"]
+            assert stderr is None if expected == "N/A" else stderr == pytest.approx(expected, rel=1e-13), (name, metric)
+    lambada = output["results"]["lambada_openai"]
+    assert lambada["perplexity_stderr"] > 1e6 * lambada["perplexity"] > 1e9
+
+    versions = {name: harness[name][1].VERSION for name in theirs}
+    printed = table_cells(make_table({"results": theirs, "versions": versions}).splitlines(), harness_row)
+    ours = table_cells(format_table(output["results"]).splitlines(), ours_row)
+    assert ours.keys() == printed.keys() == {(name, m) for name in theirs for m in TASKS[name].metrics}
+    for key, cells in ours.items():
+        for mine, their in zip(cells, printed[key]):  # make_table's writer drops a huge number's ".0000"
+            assert mine == their == "N/A" or float(mine) == pytest.approx(float(their), rel=1e-13, abs=1e-4), key
+
+
 @pytest.mark.filterwarnings("ignore:F-score is ill-defined")  # sklearn, for a class never seen: 0, as ours
 def test_cb_f1_is_the_harness_aggregation():
     pytest.importorskip("sklearn")
@@ -215,19 +288,33 @@ def test_load_docs_reads_parquet_and_limits(fixture_dir, tmp_path):
 
 
 def test_load_docs_from_the_hub_asks_for_the_harness_dataset(monkeypatch, fixture_dir):
+    """Online where the hub answers; offline (datasets' cache) where it does not, for that call
+    only; without asking it when offline mode is already set."""
     import datasets
+    from huggingface_hub import constants
 
-    calls = []
+    calls, asked = [], []
     rows = [json.loads(line) for line in (fixture_dir / "hellaswag.jsonl").read_text().splitlines()]
 
     def fake_load_dataset(path, name=None, split=None, **kwargs):
-        calls.append((path, name, split))
+        calls.append((path, name, split, datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
         return datasets.Dataset.from_list(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    docs = TASKS["hellaswag"].load_docs(limit=3)
-    assert calls == [("Rowan/hellaswag", None, "validation")]
-    assert [d["gold"] for d in docs] == [int(r["label"]) for r in rows[:3]]
+    for flag in task_module.DATASETS_OFFLINE_FLAGS:  # online, whatever this shell sets
+        monkeypatch.setattr(datasets.config, flag, False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for answer in (None, "ConnectError: [Errno -2] Name or service not known"):
+        monkeypatch.setattr(task_module, "hub_unreachable", lambda endpoint: asked.append(endpoint) or answer)
+        docs = TASKS["hellaswag"].load_docs(limit=3)
+        assert [d["gold"] for d in docs] == [int(r["label"]) for r in rows[:3]]
+    assert calls == [("Rowan/hellaswag", None, "validation", False, False),
+                     ("Rowan/hellaswag", None, "validation", True, True)]
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == (False, False)
+    assert asked == [datasets.config.HF_ENDPOINT] * 2
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1: nothing to ask
+    TASKS["hellaswag"].load_docs(limit=3)
+    assert len(asked) == 2
 
 
 def test_the_cli_refuses_an_unknown_task_in_one_line(capsys):
