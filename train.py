@@ -589,7 +589,8 @@ def main(argv: list[str]):
     finally:
         trainer.close()
     if trainer.ctx.is_main and trainer.last_checkpoint_step is not None:
-        print(run_folder.guide(trainer.run_dir, trainer.last_checkpoint_step, trainer.total_steps, trainer.config, argv))
+        print(run_folder.guide(trainer.run_dir, trainer.last_checkpoint_step, trainer.total_steps, trainer.config,
+                               distributed.launcher(), argv))
 
 
 if __name__ == "__main__":

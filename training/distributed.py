@@ -47,6 +47,18 @@ def setup(device: str = "auto") -> Distributed:
     return Distributed(rank, local_rank, world_size, torch_device)
 
 
+def launcher() -> list[str]:
+    """The command that starts train.py as this process was started: ``python``, or torchrun with
+    this launch's processes per node (and nodes: the rendezvous endpoint is the user's to fill)."""
+    world_size, per_node = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if world_size == 1:
+        return ["python"]
+    if world_size == per_node:
+        return ["torchrun", "--standalone", f"--nproc_per_node={per_node}"]
+    return ["torchrun", f"--nnodes={world_size // per_node}", f"--nproc_per_node={per_node}", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=HOST:PORT"]
+
+
 # How long a rank other than 0 waits before it fails (see fail): far longer than torchrun's
 # monitor interval (0.1 s by default), which kills the other workers once one has failed.
 FAIL_DELAY_S = 3.0

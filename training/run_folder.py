@@ -135,14 +135,16 @@ def fingerprint(run_dir: Path) -> list[tuple]:
     return entries
 
 
-def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, argv: list[str]) -> str:
+def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launcher: list[str],
+          argv: list[str]) -> str:
     """Where a run's files are and the commands that evaluate, continue and export it (printed at
-    the end of an invocation). ``argv``: train.py's arguments, so the resume command is the
-    user's own; a finished run continues only with a longer schedule."""
+    the end of an invocation). ``launcher`` and ``argv``: how train.py was started and its
+    arguments, so the resume command is the user's own; a finished run continues only with a
+    longer schedule."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
     dropped = ("--resume", "--overwrite", "--stop_at_step", *([length] if step == total_steps else []))
-    resume = ["python", "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
+    resume = [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
     if step < total_steps:
         resume_line = f"resume    {shlex.join(resume)}"
     else:  # twice the length, as an example: any longer schedule continues it
@@ -153,7 +155,7 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, argv:
                       f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
                       f"  metrics     {run_dir / 'metrics.jsonl'}",
                       f"  config      {run_dir / 'config.json'}",
-                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper",
+                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: add --samples)",
                       resume_line,
                       f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
                       f"GPT-2 folder)"])
