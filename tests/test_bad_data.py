@@ -10,9 +10,9 @@ import pytest
 import train
 from data.prepare import main as prepare
 from data.shards import write_shard
+from helpers import TINY_RUN
 
-TINY = ["--model=nano", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--batch_size=2", "--micro_batch_size=2", "--max_steps=1", "--val_tokens=512", "--probe_batch_size=2"]
+RUN = [*TINY_RUN, "--batch_size=2", "--micro_batch_size=2", "--max_steps=1"]
 
 
 def test_a_corpus_that_is_empty_or_absent_is_refused(tmp_path):
@@ -43,7 +43,7 @@ def prepared(tmp_path):
 def test_a_shard_the_manifest_does_not_list_is_refused(prepared, tmp_path):
     write_shard(prepared / "train_000007.bin", np.arange(100, dtype=np.uint16))  # copied in by hand
     with pytest.raises(SystemExit, match=r"holds train shards that manifest.json does not list \(train_000007.bin\)"):
-        train.main([*TINY, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'runs'}"])
+        train.main([*RUN, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'runs'}"])
     with pytest.raises(SystemExit, match=r"does not list \(train_000007.bin\): remove them"):
         prepare(["--verify", str(prepared)])
     assert not (tmp_path / "runs").exists()
@@ -56,7 +56,7 @@ def test_nanogpts_character_level_bins_are_refused(prepared, tmp_path):
     (char_level / "meta.pkl").write_bytes(b"\x80\x04}\x94.")  # nanoGPT's vocabulary of 65 characters
     with pytest.raises(SystemExit, match=r"holds nanoGPT's meta.pkl: .*prepare the text itself into a new folder "
                                          r"instead: prepare it with `python -m data.prepare shakespeare --tokenizer byte"):
-        train.main([*TINY, f"--data_dir={char_level}", f"--out_dir={tmp_path / 'runs'}"])
+        train.main([*RUN, f"--data_dir={char_level}", f"--out_dir={tmp_path / 'runs'}"])
 
 
 def test_a_bad_token_id_in_a_later_shard_is_one_line_naming_it_and_the_checkpoint_stays(tmp_path):
@@ -67,7 +67,7 @@ def test_a_bad_token_id_in_a_later_shard_is_one_line_naming_it_and_the_checkpoin
     write_shard(data / "val_000000.bin", rng.integers(0, 256, 700, dtype=np.uint16))
     with pytest.raises(SystemExit, match=r"train.py: shard .*train_000001.bin holds token id 300, but the tokenizer "
                                          r"has only 257 tokens"):
-        train.main([*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'runs'}", "--max_steps=40",
+        train.main([*RUN, f"--data_dir={data}", f"--out_dir={tmp_path / 'runs'}", "--max_steps=40",
                     "--checkpoint_interval=2", "--log_interval=2"])
     from training.checkpoint import Checkpoint
     assert Checkpoint.load(tmp_path / "runs" / "default" / "ckpt.pt").step >= 2  # what was trained is kept

@@ -8,10 +8,9 @@ import pytest
 
 import train
 from data.shards import HEADER_BYTES
+from helpers import TINY_RUN
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--batch_size=2", "--micro_batch_size=2", "--max_steps=2", "--sample_tokens=0"]
+RUN = [*TINY_RUN, "--log_interval=1", "--batch_size=2", "--micro_batch_size=2", "--max_steps=2"]
 
 # (extra arguments, a pattern the message must match: the input and what to do). "{good}" is the
 # run that exists; "{data}" the prepared data folder (with its manifest).
@@ -179,11 +178,11 @@ def workspace(byte_shards, tmp_path_factory):
     (root / "helper.py").write_text("base_lr = 6e-4\nlr = base_lr\n")  # a helper variable without its '_'
     (root / "broken.py").write_text("max_steps = 2\nlr = = 1\n")
     out = root / "out"
-    train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=good"])
+    train.main([*RUN, f"--data_dir={data}", f"--out_dir={out}", "--run_name=good"])
     shutil.copytree(out / "good", out / "linked", symlinks=True)
     (out / "linked" / "metrics.jsonl").unlink()
     (out / "linked" / "metrics.jsonl").symlink_to(out / "good" / "metrics.jsonl")
-    train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=pruned", "--checkpoint_interval=1"])
+    train.main([*RUN, f"--data_dir={data}", f"--out_dir={out}", "--run_name=pruned", "--checkpoint_interval=1"])
     (out / "pruned" / "ckpt_00000002.pt").unlink()
     return data, out
 
@@ -202,7 +201,7 @@ def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name
     if extra is not None:
         extra = [arg.replace("{data}", str(data)).replace("{out}", str(out)) for arg in extra]
         config_file = extra[:1] if extra and not extra[0].startswith("--") else []
-        argv = [*config_file, *TINY, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new",
+        argv = [*config_file, *RUN, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new",
                 *extra[len(config_file):]]
     before = snapshot(out.parent)
     with pytest.raises(SystemExit) as exit_info:
@@ -222,5 +221,5 @@ def test_a_corrupt_manifest_shard_is_refused(workspace, tmp_path):
         f.write(b"\0\0")
     with pytest.raises(SystemExit, match=r"val_000000.bin has \d+ bytes, but manifest.json lists it with \d+ tokens.*"
                                          r"prepare the data again with --force"):
-        train.main([*TINY, f"--data_dir={broken}", f"--out_dir={tmp_path / 'out'}"])
+        train.main([*RUN, f"--data_dir={broken}", f"--out_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()

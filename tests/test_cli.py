@@ -12,11 +12,9 @@ import pytest
 
 import train
 from configs import TrainConfig
-from conftest import ROOT, run_train, train_here
+from helpers import ROOT, TINY_RUN, run_train, train_here
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--batch_size=2", "--micro_batch_size=2", "--max_steps=4", "--sample_tokens=0"]
+RUN = [*TINY_RUN, "--log_interval=2", "--batch_size=2", "--micro_batch_size=2", "--max_steps=4"]
 
 
 def test_help_lists_every_config_key_with_its_type_default_and_meaning(capsys):
@@ -37,7 +35,7 @@ def test_help_lists_every_config_key_with_its_type_default_and_meaning(capsys):
 
 
 def test_the_run_says_where_it_wrote_and_its_resume_commands_work(byte_shards, tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=r"]
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=r"]
     first = train_here(*common, "--stop_at_step=2", cwd=tmp_path)
     run_dir = tmp_path / "r"
     assert first.stdout.startswith(f"run folder {run_dir}: ")  # (before the model's description)
@@ -46,7 +44,7 @@ def test_the_run_says_where_it_wrote_and_its_resume_commands_work(byte_shards, t
                           f"  config      {run_dir}/config.json"]
     assert all((run_dir / name).is_file() for name in ("ckpt.pt", "metrics.jsonl", "config.json"))
     commands = {line.split()[0]: line.split(None, 1)[1] for line in guide[4:]}
-    assert commands["evaluate"] == f"python -m eval --ckpt {run_dir}/ckpt.pt --tasks paper"
+    assert commands["evaluate"].startswith(f"python -m eval --ckpt {run_dir}/ckpt.pt --tasks paper ")
     assert commands["export"].startswith(f"python -m scripts.export_hf {run_dir}/ckpt.pt {run_dir}/hf ")
 
     # The printed resume command, as typed (stop_at_step dropped), finishes the run ...
@@ -64,7 +62,7 @@ def test_the_run_says_where_it_wrote_and_its_resume_commands_work(byte_shards, t
 @pytest.mark.slow
 def test_under_torchrun_one_rank_says_the_error_and_it_is_torchrun_s_closing_word(byte_shards, tmp_path):
     # batch 2 on 2 ranks x micro-batch 2: not divisible, an error every rank meets.
-    result = run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", nproc=2, check=False)
+    result = run_train(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", nproc=2, check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     message = re.search(r"train\.py: batch_size=2 is not divisible[^\n]*", output).group(0)
@@ -72,3 +70,12 @@ def test_under_torchrun_one_rank_says_the_error_and_it_is_torchrun_s_closing_wor
     summary = output[output.index("Root Cause (first observed failure)"):]
     assert "rank      : 0 (local_rank: 0)" in summary and f"traceback : {message}" in summary
     assert "To enable traceback" not in output
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_printed_resume_command_is_torchrun_s(byte_shards, tmp_path):
+    common = [*RUN, "--batch_size=4", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
+    first = run_train(*common, "--stop_at_step=2", nproc=2)
+    resume = shlex.split(first.stdout.rsplit("resume    ", 1)[1].splitlines()[0])
+    assert resume[:4] == ["torchrun", "--standalone", "--nproc_per_node=2", "train.py"]
+    assert "(step 4 of 4)" in run_train(*resume[4:], nproc=2).stdout

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configs import ConfigError, TrainConfig, load_config, save_config
-from conftest import ROOT
+from helpers import ROOT
 from training.run_config import resolve_config
 from training.schedule import learning_rate
 

@@ -1,18 +1,22 @@
-"""Every table of study numbers in the README is the report tool's own output: each README block
-marked ``<!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->`` equals the first table under
-SECTION of ``scripts/report.py``'s report of the run archive ARCHIVE (docs/), and each archive's
-committed report.md beside it is that report whole."""
+"""The numbers of the docs that a tool produced are that tool's: each block of a page (README.md,
+docs/*.md) marked ``<!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->`` equals the first
+table under SECTION of ``scripts/report.py``'s report of the run archive ARCHIVE (docs/), each
+archive's committed report.md beside it is that report whole, and the count of paper configs is
+the count of files."""
+import re
+
 import pytest
 
-from conftest import ROOT
-from study.report import README_BLOCK, report
+from helpers import ROOT
+from study.report import REPORT_BLOCK, report
 from study.runs import find_runs
 
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+pytestmark = pytest.mark.docs
 
 
 def blocks() -> list[tuple]:
-    return README_BLOCK.findall(README.read_text())
+    return [block for page in PAGES for block in REPORT_BLOCK.findall(page.read_text())]
 
 
 def first_table(text: str, heading: str) -> str:
@@ -28,7 +32,7 @@ def first_table(text: str, heading: str) -> str:
     return "\n".join(lines[end:stop])
 
 
-def test_the_readme_has_report_blocks():
+def test_the_docs_have_report_blocks():
     archives = {archive for archive, *_ in blocks()}
     assert {"docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/mini_study/runs.tar.xz"} <= archives
 
@@ -38,4 +42,9 @@ def test_the_readme_has_report_blocks():
 def test_a_readme_table_is_the_report_s(archive, select_on, report_on, section, body):
     text = report(find_runs([ROOT / archive]), None, select_on or "val/loss", report_on or None)
     assert (ROOT / archive).with_name((ROOT / archive).name.removesuffix(".tar.xz") + ".md").read_text() == text
-    assert body == first_table(text, section), f"README's {section} of {archive} is not the report's"
+    assert body == first_table(text, section), f"the docs' {section} of {archive} is not the report's"
+
+
+def test_the_paper_config_count_is_the_number_of_files():
+    stated = re.search(r"one editable file per point \((\d+) files", (ROOT / "docs" / "configs.md").read_text())
+    assert int(stated.group(1)) == len(list((ROOT / "configs" / "paper").glob("*.py")))

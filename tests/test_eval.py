@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train, train_here
+from helpers import ROOT, run_train, train_here
 from data.shards import write_shard
 from data.tokenizer import get_tokenizer
 from eval import evaluate, format_table

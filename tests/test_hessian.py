@@ -14,8 +14,8 @@ import torch
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from conftest import ROOT, train_here
 from data.shards import list_shards, open_shard
+from helpers import ROOT, train_here
 from study import hessian
 from training.checkpoint import load_model
 

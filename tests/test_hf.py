@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import hf as interop
-from conftest import ROOT, train_here
 from data.tokenizer import get_tokenizer
+from helpers import ROOT, TINY_RUN, train_here
 from model import GPT, GPTConfig
 from training import checkpoint
 from training.checkpoint import Checkpoint
@@ -248,10 +248,8 @@ def run_export(*args, check=True):
 
 
 def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
-    train_here("--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-               "--bias=True", "--scale_attn_by_inverse_layer_idx=True", "--max_steps=2", "--batch_size=2",
-               "--micro_batch_size=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-               f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run")
+    train_here(*TINY_RUN, "--bias=True", "--scale_attn_by_inverse_layer_idx=True", "--max_steps=2", "--batch_size=2",
+               "--micro_batch_size=2", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run")
     result = run_export(tmp_path / "run" / "ckpt.pt", tmp_path / "hf")
     assert "wrote" in result.stdout and "step 2" in result.stdout
     model, state = checkpoint.load_model(tmp_path / "run" / "ckpt.pt")

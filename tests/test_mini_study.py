@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from study.report import report
 from study.runs import Study, find_runs
 

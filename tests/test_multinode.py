@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from helpers import ROOT, TINY, run_train
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun agents, a fake SLURM, signals: real processes throughout
@@ -30,10 +30,8 @@ TIMEOUT = 240  # a hung rendezvous or collective fails the test instead of block
 # A tiny float32 model without dropout, 2 micro-batches of 2 per step (on 2 ranks: no accumulation).
 # The optimizer's torch reference: these runs build no C++ kernels, so killing one (on a failure, or
 # srun's --kill-on-bad-exit) never leaves torch's extension-build lock behind for later runs.
-SETTINGS = dict(model="nano", n_layer=2, n_head=2, n_embd=32, block_size=32, tokenizer="byte", dropout=0.0,
-                dtype="float32", device="cpu", batch_size=4, micro_batch_size=2, lr=0.01, min_lr=0.001,
-                warmup_steps=2, log_interval=1, eval_interval=100, val_tokens=512, probe_batch_size=2,
-                sample_tokens=0, optim_backend="torch")
+SETTINGS = dict(TINY, dtype="float32", device="cpu", batch_size=4, micro_batch_size=2, lr=0.01, min_lr=0.001,
+                warmup_steps=2, log_interval=1, optim_backend="torch")
 
 
 def overrides(data_dir, out_dir, **extra) -> list[str]:

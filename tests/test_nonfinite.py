@@ -6,18 +6,16 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, no_host_reads, train_here
+from helpers import ROOT, TINY_RUN, no_host_reads, train_here
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.run_config import resolve_config
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2", "--batch_size=2",
-        "--micro_batch_size=2", "--sample_tokens=0", "--lr=0.01", "--min_lr=0.0", "--warmup_steps=0"]
+RUN = [*TINY_RUN, "--batch_size=2", "--micro_batch_size=2", "--lr=0.01", "--min_lr=0.0", "--warmup_steps=0"]
 
 
 def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards, tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=adamw",
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=adamw",
               "--log_interval=2", "--checkpoint_interval=2"]
     train_here(*common, "--max_steps=4")
     path = tmp_path / "default" / CHECKPOINT_NAME
@@ -32,7 +30,7 @@ def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards,
 
 
 def _trainer(byte_shards, tmp_path, *extra):
-    return Trainer(resolve_config(load_config(None, [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
+    return Trainer(resolve_config(load_config(None, [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
                                               "--log_interval=1", *extra])))
 
 

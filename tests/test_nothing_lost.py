@@ -17,15 +17,13 @@ import pytest
 import torch
 
 import eval.__main__ as eval_cli
-from conftest import ROOT, run_train, train_here
 from eval.samples import write_fixtures
+from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
 from hf import export
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.run_folder import LOCK_NAME, STALE_SECONDS
 
-TINY = ["--model=nano", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--batch_size=2", "--micro_batch_size=2", "--max_steps=4", "--sample_tokens=0"]
+RUN = [*TINY_RUN, "--log_interval=2", "--batch_size=2", "--micro_batch_size=2", "--max_steps=4"]
 
 
 def folder_bytes(root):
@@ -36,7 +34,7 @@ def folder_bytes(root):
 def finished_run(byte_shards, tmp_path_factory):
     """A finished 4-step run with a checkpoint, and zero-shot task files."""
     root = tmp_path_factory.mktemp("nothing_lost")
-    train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={root}", "--run_name=run")
+    train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={root}", "--run_name=run")
     write_fixtures(root / "tasks")
     return root
 
@@ -47,7 +45,7 @@ def test_resume_auto_refuses_a_trained_run_whose_checkpoints_were_removed(finish
     for checkpoint in [*run.glob("ckpt_*"), run / "ckpt.pt"]:
         checkpoint.unlink()  # someone freeing disk
     before = folder_bytes(run)
-    refused = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run",
+    refused = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run",
                          "--resume=auto", check=False)
     assert refused.returncode != 0
     assert "trained to step 4 (its metrics.jsonl) but no checkpoint" in refused.stderr
@@ -111,7 +109,7 @@ def plant_lock(run, host, pid, age):
 def test_a_live_holders_lock_refuses_and_a_dead_ones_is_taken_over(finished_run, byte_shards, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run / "run", run)
-    resume = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
+    resume = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
               "--max_steps=6"]
     plant_lock(run, "node-17", 4242, age=10)  # another host, heartbeat 10 s ago: alive
     before = folder_bytes(run)
@@ -137,7 +135,7 @@ def lock_holder(run) -> int | None:
 @pytest.mark.slow  # real processes: two at once, one killed
 def test_a_second_run_on_a_held_folder_is_refused_and_a_killed_runs_lock_does_not_block_resume(byte_shards,
                                                                                              tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--max_steps=100000",
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--max_steps=100000",
               "--log_interval=20", "--checkpoint_interval=20"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common], cwd=ROOT, env=env,
@@ -173,7 +171,7 @@ def test_what_interrupted_writes_left_is_removed_at_start_up_and_said(finished_r
     dead.write_bytes(b"\0" * 1000)  # a kill -9 inside a checkpoint write
     alive.write_text("{")  # a live writer's (this process)
     (run / ".ckpt_00000006.dcp.partial").mkdir()  # a sharded save interrupted
-    resumed = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
+    resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
                          "--max_steps=6")
     assert f"removed what interrupted writes left: .ckpt_00000006.dcp.partial, {dead.name}" in resumed.stdout
     assert not dead.exists() and not (run / ".ckpt_00000006.dcp.partial").exists() and alive.exists()
@@ -185,7 +183,7 @@ def test_a_damaged_line_inside_the_log_is_kept_with_a_warning(finished_run, byte
     lines = (run / "metrics.jsonl").read_text().splitlines()
     lines.insert(2, '{"step": 1, "train/lo')  # damaged in the middle (only a torn LAST line is a crash's trace)
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"step": 5, "tra')  # and a torn last line
-    resumed = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
+    resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
                          "--max_steps=6")
     assert "metrics.jsonl line 3 is not a JSON record" in resumed.stderr and "kept as it is" in resumed.stderr
     after = (run / "metrics.jsonl").read_text().splitlines()
@@ -194,9 +192,9 @@ def test_a_damaged_line_inside_the_log_is_kept_with_a_warning(finished_run, byte
 
 def test_resume_auto_says_which_checkpoint_it_falls_back_to(finished_run, byte_shards, tmp_path):
     run = tmp_path / "run"
-    train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--checkpoint_interval=2")
+    train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--checkpoint_interval=2")
     (run / "ckpt_00000004.pt").unlink()
-    resumed = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run",
+    resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run",
                          "--resume=auto", "--max_steps=6")
     assert "ckpt_00000004.pt (ckpt.pt points at it) is missing; resuming the one before it, ckpt_00000002.pt" \
         in resumed.stderr
@@ -205,7 +203,7 @@ def test_resume_auto_says_which_checkpoint_it_falls_back_to(finished_run, byte_s
 
 def test_a_sharding_request_on_one_process_is_said(finished_run, byte_shards, tmp_path):
     for flag in ("--zero_stage=1", "--fsdp"):
-        result = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", f"--run_name={flag[2:6]}",
+        result = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", f"--run_name={flag[2:6]}",
                             "--max_steps=1", "--warmup_steps=0", flag)
         asked = "zero_stage=1" if flag == "--zero_stage=1" else "fsdp=True"
         assert f"{asked} on one process shards nothing: this run is unsharded" in result.stderr
@@ -213,7 +211,7 @@ def test_a_sharding_request_on_one_process_is_said(finished_run, byte_shards, tm
 
 @pytest.mark.slow  # a real process, interrupted
 def test_ctrl_c_saves_like_sigterm_and_a_second_stops_at_once(byte_shards, tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=100000", "--log_interval=5"]
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=100000", "--log_interval=5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     run = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common], cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -230,10 +228,9 @@ def test_ctrl_c_saves_like_sigterm_and_a_second_stops_at_once(byte_shards, tmp_p
 
 def test_a_zero_shot_task_the_model_cannot_score_is_skipped_and_the_run_ends_well(finished_run, byte_shards, tmp_path):
     # hellaswag's endings are longer than a 32-byte window (lm-eval refuses them too: test_eval_window.py).
-    result = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--zero_shot_tasks=boolq,hellaswag",
+    result = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--zero_shot_tasks=boolq,hellaswag",
                         f"--zero_shot_data_dir={finished_run / 'tasks'}", "--zero_shot_limit=4")
     assert result.returncode == 0
     assert "zero-shot evaluation at step 4 skips task hellaswag: a continuation of" in result.stderr
-    logged = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
-    keys = {key for record in logged for key in record}
+    keys = {key for record in read_metrics(tmp_path / "default") for key in record}
     assert "zero_shot/boolq/acc" in keys and not any(key.startswith("zero_shot/hellaswag/") for key in keys)

@@ -9,9 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import require_backend
-
 import optim
+from helpers import require_backend
 from optim import LAMB, MERIT, param_groups
 from optim.backends import cpp
 

@@ -1,7 +1,6 @@
 """The optimizer boundary: a new optimizer is one class and one registry line, the backends
 implement one signature per fused operation, and optim_backend reaches the run's records."""
 import inspect
-import json
 
 import pytest
 import torch
@@ -9,16 +8,14 @@ from torch import nn
 
 import optim
 from configs import ConfigError, load_config
-from conftest import ROOT, train_here
+from helpers import ROOT, TINY_RUN, read_metrics, train_here
 from optim import backends
 from optim.backends import cpp, reference, triton
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.run_config import resolve_config
 
-TINY_RUN = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-            "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-            "--batch_size=2", "--micro_batch_size=2", "--sample_tokens=0"]
+RUN = [*TINY_RUN, "--log_interval=1", "--batch_size=2", "--micro_batch_size=2"]
 
 
 class Signum(optim.Optimizer):
@@ -68,7 +65,7 @@ def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, 
     optim.register("signum", Signum)
     with pytest.raises(ValueError, match="already registered"):
         optim.register("Signum", Signum)
-    config = load_config(None, [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
+    config = load_config(None, [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
                                 "--optimizer=signum", "--max_steps=3", "--lr=0.01", "--min_lr=0.001"])
     trainer = Trainer(resolve_config(config))
     # No published settings: its own defaults, never another optimizer's.
@@ -85,8 +82,7 @@ def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, 
     # Sign steps of the scheduled lr (warmup 0: 0.01, then cosine) move every weight by at most their sum.
     moved = max((saved.model[name] - p).abs().max().item() for name, p in start.items())
     assert 0 < moved <= 3 * 0.01 + 1e-6
-    records = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "train/loss" in r]
+    steps = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(0 <= r["positive_fraction/transformer.h.0.attn.c_attn.weight"] <= 1 for r in steps)
 
@@ -145,11 +141,11 @@ def test_bad_backend_settings_are_clear_errors():
 
 
 def test_optim_backend_reaches_the_summary_the_metrics_and_the_checkpoint(byte_shards, tmp_path):
-    result = train_here(*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=2",
+    result = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=2",
                         "--optimizer=lion", "--optim_backend=torch")
     assert "optimizer implementation (optim_backend 'torch')" in result.stdout
     assert "weight_decay 1.0: torch" in result.stdout  # Lion's published weight decay
     saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
     assert saved.optim_backends == {"group0": "torch", "group1": "torch"} and saved.config["optim_backend"] == "torch"
-    first = json.loads((tmp_path / "default" / "metrics.jsonl").read_text().splitlines()[0])
+    first = read_metrics(tmp_path / "default")[0]
     assert first == {"run_info": {"optim_backend": "torch", "group0": "torch", "group1": "torch"}}

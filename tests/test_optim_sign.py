@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import optim
-from conftest import require_backend
+from helpers import require_backend
 from optim import Lion, SophiaG
 
 STEPS = 20

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import optim
-from conftest import no_host_reads
+from helpers import no_host_reads
 
 # Each optimizer with what exercises its operations: MERIT's row/column path and its tensor path,
 # LAMB with its step-counting bias correction, Lion, Sophia-G (with a Hessian estimate), Muon (its

@@ -8,18 +8,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import optim
-from conftest import require_backend
+from helpers import ROOT, require_backend
 from optim import LAMB, MERIT, Lion, SophiaG, backends
 from optim.backends import reference, triton
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Compiles the recorded configurations (argv[1], JSON) for sm_90, as Triton does before a launch
 # on a GPU (no interpreter here: TRITON_INTERPRET is unset), and prints what the PTX contains.

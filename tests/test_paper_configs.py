@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT
+from helpers import ROOT
 from model import GPT
 from training.run_config import resolve_config
 

@@ -3,14 +3,13 @@ fully materialised causal logits' (float64), after the clip the clipped heads' l
 the same batch is tau and every other weight is bitwise untouched; a dropped step clips nothing;
 tau = inf (and a tau above every logit, through train.py) is bitwise the run without it; train.py
 logs it. (Under DDP, ZeRO-1 and FSDP2: tests/test_train.py and tests/test_scale_out.py.)"""
-import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import train_here
+from helpers import TINY_RUN, read_metrics, train_here
 from model import GPT, GPTConfig
 from training.distributed import Distributed
 from training.qk_clip import QKClip
@@ -129,13 +128,10 @@ def test_the_maximum_is_over_the_step_s_micro_batches():
     torch.testing.assert_close(clip.max_logits, naive_max_logits(model, x), rtol=1e-12, atol=0)
 
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=6", "--batch_size=4", "--micro_batch_size=2"]
-
-
 def test_train_py_with_a_tau_above_every_logit_is_the_run_without_and_a_low_tau_clips(byte_shards, tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=adamw"]
+    common = [*TINY_RUN, "--log_interval=2", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=6",
+              "--batch_size=4", "--micro_batch_size=2", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}",
+              "--optimizer=adamw"]
     train_here(*common, "--run_name=off")
     on = train_here(*common, "--run_name=high", "--qk_clip_tau=1e30")
     assert "QK-Clip: after every step" in on.stdout
@@ -143,8 +139,7 @@ def test_train_py_with_a_tau_above_every_logit_is_the_run_without_and_a_low_tau_
     from training.checkpoint import CHECKPOINT_NAME, Checkpoint
     off, high = (Checkpoint.load(tmp_path / run / CHECKPOINT_NAME).model for run in ("off", "high"))
     assert all(torch.equal(off[name], high[name]) for name in off)
-    records = {run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-               for run in ("off", "high", "low")}
+    records = {run: read_metrics(tmp_path / run) for run in ("off", "high", "low")}
     losses = {run: [r["train/loss"] for r in lines if "train/loss" in r] for run, lines in records.items()}
     assert losses["off"] == losses["high"] and losses["low"] != losses["off"]
     logged = [r for r in records["low"] if "qk_clip/heads_clipped/layer_00" in r]

@@ -3,8 +3,11 @@ nothing edits sys.path, optim/ reads no environment variable at import, scripts 
 import packages, not each other."""
 
 import ast
+import re
 
-from conftest import ROOT
+import pytest
+
+from helpers import ROOT
 
 SOURCES = [p for p in ROOT.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
 
@@ -61,7 +64,19 @@ def test_optim_reads_no_environment_variable_at_import():
 def test_scripts_and_tests_import_packages_not_each_other():
     for path in (ROOT / "scripts").glob("*.py"):
         imported = _imports(ast.parse(path.read_text()))
-        assert not {name for name in imported if name.split(".")[0] in ("tests", "conftest")}, path
+        assert not {name for name in imported if name.split(".")[0] in ("tests", "conftest", "helpers")}, path
     for path in (ROOT / "tests").glob("*.py"):
         imported = _imports(ast.parse(path.read_text()))
         assert not {name for name in imported if name.split(".")[0] == "scripts"}, path
+
+
+@pytest.mark.docs
+def test_the_readme_is_a_first_page_that_reaches_every_doc():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 15_000
+    linked = set(re.findall(r"\]\(((?:docs|tests)/[\w/.-]+\.md)", text))
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")} | {"tests/README.md"}
+    assert linked == pages  # every page is linked by name, and every link has its page
+    for page in pages:  # and their relative links resolve
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", (ROOT / page).read_text()):
+            assert ((ROOT / page).parent / target).exists(), (page, target)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_train, train_here
+from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.1", "--eval_interval=4", "--val_tokens=512", "--probe_batch_size=2", "--lr=0.01",
-        "--min_lr=0.001", "--warmup_steps=2", "--batch_size=4", "--micro_batch_size=2", "--sample_tokens=0"]
+# Dropout on: a resumed run must restore the RNG to equal the uninterrupted one.
+RUN = [*TINY_RUN, "--dropout=0.1", "--eval_interval=4", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2",
+       "--batch_size=4", "--micro_batch_size=2"]
 
 
 def comparable(log):
@@ -33,7 +33,7 @@ def folder_bytes(folder):
 
 def train(data, out, *extra, check=True):
     """train.py's main in this process (what these tests are about is the run folder, not the process)."""
-    return train_here(*TINY, f"--data_dir={data}", f"--out_dir={out}", *extra, check=check)
+    return train_here(*RUN, f"--data_dir={data}", f"--out_dir={out}", *extra, check=check)
 
 
 def test_a_run_folder_is_not_replaced_without_resume_or_overwrite(byte_shards, tmp_path):
@@ -44,8 +44,8 @@ def test_a_run_folder_is_not_replaced_without_resume_or_overwrite(byte_shards, t
     assert "--resume" in refused.stderr and "--overwrite" in refused.stderr
     assert folder_bytes(tmp_path / "default") == before  # nothing touched
     train(byte_shards, tmp_path, "--max_steps=3", "--log_interval=1", "--overwrite")
-    records = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]  # a new run, not appended to the old
+    steps = [r["step"] for r in read_metrics(tmp_path / "default") if "train/loss" in r]
+    assert steps == [1, 2, 3]  # a new run, not appended to the old
 
 
 def test_resume_auto_starts_fresh_or_continues(byte_shards, tmp_path):
@@ -102,7 +102,7 @@ def test_killed_runs_resumed_with_auto_end_as_the_uninterrupted_run(byte_shards,
     """kill -9 at five moments (the first while a checkpoint is being written, the fourth right
     after a resume), --resume=auto after each: the final weights are bitwise the uninterrupted
     run's and the log has exactly its records."""
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12", "--log_interval=3",
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12", "--log_interval=3",
               "--checkpoint_interval=2", "--resume=auto"]
     train_here(*common, "--run_name=straight")  # (one thread, as the killed processes: bitwise alike)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -161,7 +161,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow  # torchrun, a worker killed
 def test_torchrun_restarts_a_killed_worker_from_the_last_checkpoint(byte_shards, tmp_path):
-    common = [*TINY, "--dropout=0.0", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=200",
+    common = [*RUN, "--dropout=0.0", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=200",
               "--log_interval=10", "--checkpoint_interval=20", "--eval_interval=1000", "--resume=auto"]
     run_train(*common, "--run_name=straight", nproc=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -5,21 +5,19 @@ their checkpoints resume elsewhere (FSDP2's DCP folder on one process, ZeRO-1's 
 with zero_stage=0), each rank's memory is in the metrics, and the combinations that cannot work
 are refused with their fix. (The optimizers themselves under ZeRO-1 and FSDP2, and DCP checkpoints
 across 4, 2 and 1 ranks: tests/test_sharded.py.)"""
-import json
 import re
 
 import pytest
 import torch
 
-from conftest import run_train, train_here
 from eval.samples import write_fixtures
+from helpers import TINY_RUN, read_metrics, run_train, train_here
 from training.checkpoint import CHECKPOINT_NAME, load_model
 
 # Accumulation 2 on 2 ranks (global batch 8, micro-batch 2), a checkpoint every 2 steps.
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=2", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4", "--batch_size=8", "--micro_batch_size=2",
-        "--checkpoint_interval=2", "--sample_tokens=8", "--qk_clip_tau=0.05"]  # (QK-Clip clips some heads)
+RUN = [*TINY_RUN, "--log_interval=2", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4",
+       "--batch_size=8", "--micro_batch_size=2", "--checkpoint_interval=2", "--sample_tokens=8",
+       "--qk_clip_tau=0.05"]  # (QK-Clip clips some heads)
 STRATEGIES = {"ddp": [], "zero1": ["--zero_stage=1"], "fsdp": ["--fsdp"]}
 
 pytestmark = pytest.mark.slow  # torchrun with 2 gloo ranks, in the fixture and the tests
@@ -35,8 +33,8 @@ def assert_same_parameters(got: dict, expected: dict, label: str, rel: float = 1
 
 def metrics(run_dir) -> dict:
     """Every logged value by (step, key)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {(r["step"], k): v for r in lines if "step" in r for k, v in r.items() if k not in ("step", "tokens")}
+    return {(r["step"], k): v for r in read_metrics(run_dir) if "step" in r for k, v in r.items()
+            if k not in ("step", "tokens")}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def runs(byte_shards, tmp_path_factory):
     """The same MERIT run under DDP, ZeRO-1 and FSDP2 on 2 ranks: {strategy: (run folder, stdout)}."""
     out = tmp_path_factory.mktemp("scale_out")
     write_fixtures(out / "tasks")  # zero-shot evaluation at the end: each rank scores its share
-    return {name: (out / name, run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={out}",
+    return {name: (out / name, run_train(*RUN, f"--data_dir={byte_shards}", f"--out_dir={out}",
                                          f"--run_name={name}", "--zero_shot_tasks=boolq,cb",
                                          f"--zero_shot_data_dir={out / 'tasks'}", *extra, nproc=2).stdout)
             for name, extra in STRATEGIES.items()}
@@ -100,7 +98,7 @@ def test_a_sharded_run_resumes_on_one_process_and_zero1_without_zero(runs, byte_
         run_dir.mkdir()
         (run_dir / f"ckpt_00000002.{suffix}").symlink_to(runs[name][0] / f"ckpt_00000002.{suffix}")
         (run_dir / CHECKPOINT_NAME).symlink_to(f"ckpt_00000002.{suffix}")
-        resumed = train_here(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", f"--run_name={name}",
+        resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", f"--run_name={name}",
                              "--resume", "--keep_checkpoints=5")
         assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
         assert_same_parameters(load_model(run_dir / CHECKPOINT_NAME)[0].state_dict(), expected, name)
@@ -117,7 +115,7 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_fix(runs, byte_shard
     checkpoint = (runs[saved][0] / CHECKPOINT_NAME).resolve()
     (run_dir / checkpoint.name).symlink_to(checkpoint)
     (run_dir / CHECKPOINT_NAME).symlink_to(checkpoint.name)
-    result = run_train(*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
+    result = run_train(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
                        resumed_with, nproc=2, check=False)
     assert result.returncode != 0
     assert re.search(message, result.stderr), result.stderr[-3000:]
@@ -126,7 +124,7 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_fix(runs, byte_shard
 def test_sophia_g_s_hessian_pass_runs_through_each_layout(byte_shards, tmp_path):
     """Sophia-G's extra pass (Trainer.gradients: its own forward/backward over the next global
     batch, clipped, squared into the sharded or partitioned Hessian EMA) gives DDP's parameters."""
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=sophiag", "--sample_tokens=0",
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=sophiag", "--sample_tokens=0",
               "--optimizer_options={'hessian_interval': 2}"]
     params = {}
     for name, extra in STRATEGIES.items():

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 import optim
-from conftest import make_text
 from data.loader import TokenLoader
 from data.shards import write_shard
+from helpers import make_text
 from model import GPT, GPTConfig
 from training.checkpoint import Checkpoint, load_latest
 from training.distributed import Distributed

@@ -12,7 +12,7 @@ import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from study import plot
 from study.report import first_table, report
 from study.runs import Study, find_runs

@@ -10,17 +10,15 @@ import sys
 import pytest
 
 from configs import load_config
-from conftest import ROOT, train_here
+from helpers import ROOT, TINY, train_here
 
-TINY = {"model": "nano", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "tokenizer": "byte",
-        "dropout": 0.0, "log_interval": 2, "eval_interval": 100, "val_tokens": 512, "probe_batch_size": 2,
-        "batch_size": 4, "micro_batch_size": 2, "max_steps": 4, "warmup_steps": 2, "lr": 0.01, "min_lr": 0.001,
-        "checkpoint_interval": 2, "sample_tokens": 0}
+BASE = dict(TINY, log_interval=2, batch_size=4, micro_batch_size=2, max_steps=4, warmup_steps=2, lr=0.01,
+            min_lr=0.001, checkpoint_interval=2)
 
 
 def base_config(tmp_path, data_dir, **changes):
     path = tmp_path / "base.py"
-    path.write_text("\n".join(f"{k} = {v!r}" for k, v in {**TINY, "data_dir": str(data_dir), **changes}.items()))
+    path.write_text("\n".join(f"{k} = {v!r}" for k, v in {**BASE, "data_dir": str(data_dir), **changes}.items()))
     return path
 
 

@@ -13,23 +13,17 @@ import pytest
 import torch
 
 from configs import load_config
-from conftest import ROOT, make_text, run_train, train_here
+from helpers import ROOT, TINY_RUN, make_text, read_metrics, run_train, train_here
 from data.shards import write_shard
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.run_config import resolve_config
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=1", "--eval_interval=100", "--val_tokens=512", "--probe_batch_size=2",
-        "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2"]
+TINY = [*TINY_RUN, "--log_interval=1", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2"]
 
 
 def args(data_dir, out_dir, *extra):
     return [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra]
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def load_params(run_dir):

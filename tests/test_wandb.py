@@ -5,14 +5,12 @@ import struct
 
 import pytest
 
-from conftest import train_here
+from helpers import TINY_RUN, read_metrics, train_here
 
 pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 
-TINY = ["--model=nano", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--tokenizer=byte",
-        "--dropout=0.0", "--log_interval=2", "--eval_interval=2", "--val_tokens=512", "--probe_batch_size=2",
-        "--batch_size=2", "--micro_batch_size=2", "--max_steps=4", "--checkpoint_interval=2", "--sample_tokens=0",
-        "--wandb_mode=offline"]
+RUN = [*TINY_RUN, "--log_interval=2", "--eval_interval=2", "--batch_size=2", "--micro_batch_size=2", "--max_steps=4",
+       "--checkpoint_interval=2", "--wandb_mode=offline"]
 
 
 def wandb_records(path):
@@ -52,15 +50,14 @@ def read_run(run_dir):
 
 
 def test_an_offline_run_holds_the_metrics_and_a_resumed_run_continues_its_id(byte_shards, tmp_path):
-    common = [*TINY, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
     first = train_here(*common, "--stop_at_step=2")
     assert "wandb could not start" not in first.stderr + first.stdout
     train_here(*common, "--resume")
     run_dir = tmp_path / "default"
     ids, rows = read_run(run_dir)
     assert len(ids) == 2 and ids[0] == ids[1] == (run_dir / "wandb_id.txt").read_text()  # one wandb run
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in logged if "step" in r]
+    logged = [r for r in read_metrics(run_dir) if "step" in r]
     assert [r["step"] for r in logged if "train/loss" in r] == [2, 4]
     assert [r["step"] for r in logged if "val/loss" in r] == [0, 2, 4]
     # Every record of the JSONL log reached wandb at its step, with the same values.
