@@ -124,7 +124,7 @@ class TrainConfig:
     device: str = "auto"  # "auto", "cpu", "cuda"
     dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
     compile: bool = False  # torch.compile the model
-    # --- scale-out (training/parallel.py; README, "Scaling out"): DDP by default on several ranks ---
+    # --- scale-out (training/parallel.py; docs/scaling_out.md): DDP by default on several ranks ---
     zero_stage: int = 0  # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
     fsdp: bool = False  # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
     peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name

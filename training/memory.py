@@ -1,5 +1,5 @@
 """Memory per rank: what the model, its gradients, the optimizer state and the activations take,
-against the measured peak (README, "Scaling out").
+against the measured peak (docs/scaling_out.md).
 
 The first three are counted from the tensors this rank holds (its shards under FSDP2, its
 partition's state under ZeRO-1; DDP's all-reduce buckets are a second copy of the gradients).

@@ -1,4 +1,4 @@
-"""How a run lays the model and the optimizer state out over its ranks (README, "Scaling out").
+"""How a run lays the model and the optimizer state out over its ranks (docs/scaling_out.md).
 
 =========  ==============================  =================================================
 strategy   parameters and gradients        optimizer state
