@@ -155,7 +155,8 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
                       f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
                       f"  metrics     {run_dir / 'metrics.jsonl'}",
                       f"  config      {run_dir / 'config.json'}",
-                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: add --samples)",
+                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: "
+                      f"add --samples)",
                       resume_line,
                       f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
                       f"GPT-2 folder)"])
