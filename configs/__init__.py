@@ -12,6 +12,10 @@ The schema checks what it can check by itself (types, ranges, combinations), so 
 cheap and asks nothing of the machine: sweeps, reports and plots load thousands of configs. The
 checks that need the optimizer registry, the zero-shot task list or the machine, and the
 resolution of the optimizer's hyper-parameters, run at start-up (training/run_config.py).
+
+Every key declares its role (``ROLES``): it defines what is trained, or is what a study tunes (the
+lr) or repeats (the seeds) at each point, or only records how the run was run; study/runs.py
+groups runs into points by the roles.
 """
 
 from __future__ import annotations
@@ -35,99 +39,139 @@ from model import GPTConfig
 
 VOCAB_MULTIPLE = 64  # pad the vocabulary so the LM head's matmul has friendly shapes (50257 -> 50304)
 
+# What a key is to a study, which groups runs into points by it (study/runs.py). Every TrainConfig
+# field declares one (tests/test_config.py checks), so that a new key is placed on purpose, never
+# by omission.
+ROLES = {
+    "experiment": "defines what is trained (the data, the model, the batch, the schedule, the optimizer, the "
+                  "precision) or the validation loss a point's lr is chosen on (val_tokens)",
+    "optimizer": "an optimizer's own hyper-parameter (unset: its published value, filled in at start-up): it "
+                 "defines the experiment, but only runs of the same optimizer compare on it",
+    "lr": "the learning rate and where it decays to: a study tunes them at each point (keeping their ratio)",
+    "seed": "a seed: a study repeats each point over them",
+    "bookkeeping": "how the run was run or recorded, not what it trained: names, folders, intervals, the layout, "
+                   "the backend, logging, the held-out and zero-shot evaluations",
+}
+
+
+def role(name: str, default=dataclasses.MISSING, default_factory=dataclasses.MISSING):
+    """A TrainConfig field with the role ``name`` (one of ROLES) and its default."""
+    return field(default=default, default_factory=default_factory, metadata={"role": name})
+
 
 @dataclass
 class TrainConfig:
     # --- run ---
-    run_name: str = "default"  # the run folder is out_dir/run_name
-    out_dir: str = "runs"  # the folder that holds run folders
-    seed: int = 1337  # initial weights, dropout, Sophia-G's sampled labels
-    data_seed: int = 1337  # the order of the training shards: vary seed and data_seed independently
-    resume: bool | str = False  # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
-    overwrite: bool = False  # start over in a run folder that holds a run (its checkpoint, metrics and config)
+    run_name: str = role("bookkeeping", "default")  # the run folder is out_dir/run_name
+    out_dir: str = role("bookkeeping", "runs")  # the folder that holds run folders
+    seed: int = role("seed", 1337)  # initial weights, dropout, Sophia-G's sampled labels
+    data_seed: int = role("seed", 1337)  # the order of the training shards: vary seed and data_seed independently
+    # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
+    resume: bool | str = role("bookkeeping", False)
+    # start over in a run folder that holds a run (its checkpoint, metrics and config)
+    overwrite: bool = role("bookkeeping", False)
 
     # --- data ---
-    data_dir: str = "cache/data/shakespeare-byte"  # shards written by data/prepare.py
-    tokenizer: str = "byte"  # "gpt2" or "byte"; must be the one the shards were made with
-    align_documents: bool = False  # start every train and val sequence at a document (its end-of-text token)
+    data_dir: str = role("experiment", "cache/data/shakespeare-byte")  # shards written by data/prepare.py
+    tokenizer: str = role("experiment", "byte")  # "gpt2" or "byte"; must be the one the shards were made with
+    # start every train and val sequence at a document (its end-of-text token)
+    align_documents: bool = role("experiment", False)
 
     # --- model: a GPTConfig preset, each field overridable (None keeps the preset's value) ---
-    model: str = "nano"  # a shape preset of model.py (PRESETS): "nano", "mini", "gpt2", "gpt2-medium", ...
-    n_layer: int | None = None  # transformer blocks
-    n_head: int | None = None  # attention heads per block
-    n_embd: int | None = None  # the residual width
-    block_size: int | None = None  # tokens per sequence (the context length)
-    dropout: float | None = None  # on the attention weights and the residual branches
-    bias: bool | None = None  # biases in the linear layers and LayerNorms (GPT-2 has them)
-    scale_attn_by_inverse_layer_idx: bool | None = None  # layer i's logits divided by i + 1 (GPT-2 Medium and up in HF)
-    qk_norm: str | None = None  # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
-    vocab_size: int | None = None  # None: the tokenizer's vocabulary padded to a multiple of 64
+    # a shape preset of model.py (PRESETS): "nano", "mini", "gpt2", "gpt2-medium", ...
+    model: str = role("experiment", "nano")
+    n_layer: int | None = role("experiment", None)  # transformer blocks
+    n_head: int | None = role("experiment", None)  # attention heads per block
+    n_embd: int | None = role("experiment", None)  # the residual width
+    block_size: int | None = role("experiment", None)  # tokens per sequence (the context length)
+    dropout: float | None = role("experiment", None)  # on the attention weights and the residual branches
+    bias: bool | None = role("experiment", None)  # biases in the linear layers and LayerNorms (GPT-2 has them)
+    # layer i's logits divided by i + 1 (GPT-2 Medium and up in HF)
+    scale_attn_by_inverse_layer_idx: bool | None = role("experiment", None)
+    # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
+    qk_norm: str | None = role("experiment", None)
+    vocab_size: int | None = role("experiment", None)  # None: the tokenizer's vocabulary padded to a multiple of 64
 
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---
-    batch_size: int = 64  # sequences per optimizer step over all ranks
-    micro_batch_size: int = 16  # sequences per forward pass on one rank
+    batch_size: int = role("experiment", 64)  # sequences per optimizer step over all ranks
+    micro_batch_size: int = role("bookkeeping", 16)  # sequences per forward pass on one rank
 
     # --- schedule: lengths in steps or in tokens (set exactly one of each pair) ---
-    max_steps: int = 0  # the run's length in optimizer steps
-    max_tokens: int = 0  # ... or in training tokens (max_tokens // (batch_size x block_size) steps)
-    warmup_steps: int = 0  # linear warmup from 0 to lr, in steps
-    warmup_tokens: int = 0  # ... or in tokens (a warmup that stays put when the batch changes)
-    lr_schedule: str = "cosine"  # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
-    decay_fraction: float = 0.2  # wsd: the last fraction of training decays linearly to min_lr
-    lr: float = 2e-4  # the peak learning rate
-    min_lr: float = 2e-5  # where the schedule decays to
+    max_steps: int = role("experiment", 0)  # the run's length in optimizer steps
+    max_tokens: int = role("experiment", 0)  # ... or in training tokens (max_tokens // (batch_size x block_size) steps)
+    warmup_steps: int = role("experiment", 0)  # linear warmup from 0 to lr, in steps
+    warmup_tokens: int = role("experiment", 0)  # ... or in tokens (a warmup that stays put when the batch changes)
+    # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
+    lr_schedule: str = role("experiment", "cosine")
+    decay_fraction: float = role("experiment", 0.2)  # wsd: the last fraction of training decays linearly to min_lr
+    lr: float = role("lr", 2e-4)  # the peak learning rate
+    min_lr: float = role("lr", 2e-5)  # where the schedule decays to
 
     # --- optimizer: a hyper-parameter left None (here and in optimizer_options) gets the optimizer's
     # published GPT-2 value (optim/published.py), else its own default; filled in at start-up ---
-    optimizer: str = "merit"  # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon"
-    weight_decay: float | None = None  # decoupled weight decay of the matrices
-    beta1: float | None = None  # the first moment's decay (Lion, Muon: their momenta)
-    beta2: float | None = None  # the second moment's decay
-    eps: float | None = None  # added to the second moment's root
-    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
-    nonfinite: str = "stop"  # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
-    max_skipped_steps: int = 10  # "skip": stop after this many skipped steps in a row
-    decay_embeddings: bool = False  # weight decay on the embeddings too
-    z_loss: float = 0.0  # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
+    # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon"
+    optimizer: str = role("experiment", "merit")
+    weight_decay: float | None = role("optimizer", None)  # decoupled weight decay of the matrices
+    beta1: float | None = role("optimizer", None)  # the first moment's decay (Lion, Muon: their momenta)
+    beta2: float | None = role("optimizer", None)  # the second moment's decay
+    eps: float | None = role("optimizer", None)  # added to the second moment's root
+    grad_clip: float = role("experiment", 1.0)  # global gradient-norm clip; 0 disables
+    # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
+    nonfinite: str = role("bookkeeping", "stop")
+    max_skipped_steps: int = role("bookkeeping", 10)  # "skip": stop after this many skipped steps in a row
+    decay_embeddings: bool = role("experiment", False)  # weight decay on the embeddings too
+    # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
+    z_loss: float = role("experiment", 0.0)
     # QK-Clip (Kimi K2): after every step, a head whose largest attention logit on the step's batch
     # exceeded this has its W_q and W_k rows scaled so it would have been this (Kimi K2: 100); None: off
-    qk_clip_tau: float | None = None
-    optimizer_options: dict = field(default_factory=dict)  # extra keyword arguments of the optimizer
-    optim_backend: str = "auto"  # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
+    qk_clip_tau: float | None = role("experiment", None)
+    optimizer_options: dict = role("optimizer", default_factory=dict)  # extra keyword arguments of the optimizer
+    # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
+    optim_backend: str = role("bookkeeping", "auto")
 
     # --- evaluation, logging, checkpoints ---
-    log_interval: int = 10  # steps between metric lines (loss, lr, grad norm, speed, max logits)
-    eval_interval: int = 100  # steps between validation losses (and at the end)
-    val_tokens: int = 65536  # validation budget per evaluation, in tokens over all ranks
+    log_interval: int = role("bookkeeping", 10)  # steps between metric lines (loss, lr, grad norm, speed, max logits)
+    eval_interval: int = role("bookkeeping", 100)  # steps between validation losses (and at the end)
+    val_tokens: int = role("experiment", 65536)  # validation budget per evaluation, in tokens over all ranks
     # Validation tokens after those, evaluated with them and logged as heldout/loss: a study picks
     # each point's lr on val/loss and reports heldout/loss, which the choice never saw; 0: none
-    heldout_tokens: int = 0
-    probe_batch_size: int = 4  # validation sequences on which attention logits and entropies are measured
-    noise_scale_ema: float = 0.95  # the gradient noise scale's EMA over log steps (each estimate is noisy)
-    checkpoint_interval: int = 0  # steps between checkpoints; 0: only at the end
-    keep_checkpoints: int = 2  # the newest checkpoints kept (ckpt_<step>.pt; ckpt.pt points at the newest)
-    permanent_checkpoint_interval: int = 0  # also keep every checkpoint of a step divisible by this; 0: none
-    stop_at_step: int = 0  # end this invocation after this step (checkpointing); 0: run to the end
-    sample_tokens: int = 0  # print a sample of this many tokens at the end
-    wandb_mode: str = "disabled"  # "online", "offline" or "disabled"
-    wandb_project: str = "nanomerit"  # the wandb project the run logs to
-    wandb_entity: str | None = None  # the wandb user or team; None: your default
-    wandb_group: str | None = None  # the wandb group (a sweep sets it)
+    heldout_tokens: int = role("bookkeeping", 0)
+    # validation sequences on which attention logits and entropies are measured
+    probe_batch_size: int = role("bookkeeping", 4)
+    # the gradient noise scale's EMA over log steps (each estimate is noisy)
+    noise_scale_ema: float = role("bookkeeping", 0.95)
+    checkpoint_interval: int = role("bookkeeping", 0)  # steps between checkpoints; 0: only at the end
+    # the newest checkpoints kept (ckpt_<step>.pt; ckpt.pt points at the newest)
+    keep_checkpoints: int = role("bookkeeping", 2)
+    # also keep every checkpoint of a step divisible by this; 0: none
+    permanent_checkpoint_interval: int = role("bookkeeping", 0)
+    stop_at_step: int = role("bookkeeping", 0)  # end this invocation after this step (checkpointing); 0: run to the end
+    sample_tokens: int = role("bookkeeping", 0)  # print a sample of this many tokens at the end
+    wandb_mode: str = role("bookkeeping", "disabled")  # "online", "offline" or "disabled"
+    wandb_project: str = role("bookkeeping", "nanomerit")  # the wandb project the run logs to
+    wandb_entity: str | None = role("bookkeeping", None)  # the wandb user or team; None: your default
+    wandb_group: str | None = role("bookkeeping", None)  # the wandb group (a sweep sets it)
 
     # --- zero-shot evaluation (eval/) of the checkpoints ---
-    zero_shot_tasks: str = ""  # tasks and groups, e.g. "lambada_openai,hellaswag" or "paper"; "": none
-    zero_shot_interval: int = 0  # also every this many steps (where a checkpoint is saved); 0: final only
-    zero_shot_data_dir: str | None = None  # local task files <dir>/<task>.jsonl|.parquet; None: the HF hub
-    zero_shot_limit: int | None = None  # only the first N examples of each task
+    # tasks and groups, e.g. "lambada_openai,hellaswag" or "paper"; "": none
+    zero_shot_tasks: str = role("bookkeeping", "")
+    # also every this many steps (where a checkpoint is saved); 0: final only
+    zero_shot_interval: int = role("bookkeeping", 0)
+    # local task files <dir>/<task>.jsonl|.parquet; None: the HF hub
+    zero_shot_data_dir: str | None = role("bookkeeping", None)
+    zero_shot_limit: int | None = role("bookkeeping", None)  # only the first N examples of each task
 
     # --- system ---
-    device: str = "auto"  # "auto", "cpu", "cuda"
-    dtype: str = "auto"  # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
-    compile: bool = False  # torch.compile the model
+    device: str = role("bookkeeping", "auto")  # "auto", "cpu", "cuda"
+    # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
+    dtype: str = role("experiment", "auto")
+    compile: bool = role("bookkeeping", False)  # torch.compile the model
     # --- scale-out (training/parallel.py; docs/scaling_out.md): DDP by default on several ranks ---
-    zero_stage: int = 0  # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
-    fsdp: bool = False  # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
-    peak_flops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
+    # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
+    zero_stage: int = role("bookkeeping", 0)
+    # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
+    fsdp: bool = role("bookkeeping", False)
+    peak_flops: float | None = role("bookkeeping", None)  # per device, for MFU; None: looked up from the GPU's name
 
     def __post_init__(self):
         for key, value in vars(self).items():  # (1e999 parses as inf)
@@ -231,6 +275,13 @@ def _check(ok: bool, message: str):
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TYPES = typing.get_type_hints(TrainConfig)
+
+
+def keys_with_role(name: str) -> frozenset[str]:
+    """The config keys whose role is ``name`` (one of ROLES)."""
+    if name not in ROLES:
+        raise ValueError(f"unknown role {name!r}: the roles are {', '.join(ROLES)}")
+    return frozenset(key for key, f in _FIELDS.items() if f.metadata["role"] == name)
 
 
 # The names users of nanoGPT, Hugging Face's Trainer and torchtitan type, and what they are here.

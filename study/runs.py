@@ -5,14 +5,14 @@ scripts/hessian.py analysed its checkpoint). Runs are found under the given path
 a sweep folder, any folder above them).
 
 A point is everything a run's config says but its learning rate and its seeds: every key except
-``lr`` (and ``min_lr``, which moves with it: the point keeps their ratio), ``seed``, ``data_seed``
-and the keys that say how a run was run or recorded, not what it trained (``BOOKKEEPING``: names,
-folders, intervals, the layout, the backend, the logging). Runs of one point differ only in lr
-and seeds, so a point's seeds at one lr are a sample of one thing; runs of different points are
-never averaged. ``Study`` groups runs into points, names each by what varies across the runs
-shown (the optimizer, its ablation, and any other key that differs: "merit, n_layer=24"), and
-selects each point's lr: the one with the lowest mean validation loss among the lrs all of whose
-seeds finished.
+those whose role in the schema (``configs.ROLES``) is ``lr`` (``lr``, and ``min_lr``, which moves
+with it: the point keeps their ratio), ``seed`` (``seed``, ``data_seed``) or ``bookkeeping`` (how a
+run was run or recorded, not what it trained: names, folders, intervals, the layout, the backend,
+the logging). Runs of one point differ only in lr and seeds, so a point's seeds at one lr are a
+sample of one thing; runs of different points are never averaged. ``Study`` groups runs into points,
+names each by what varies across the runs shown (the optimizer, its ablation, and any other key that
+differs: "merit, n_layer=24"), and selects each point's lr: the one with the lowest mean validation
+loss among the lrs all of whose seeds finished.
 """
 from __future__ import annotations
 
@@ -28,24 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomic import atomic_write
-from configs import TrainConfig
+from configs import TrainConfig, keys_with_role
 from training.instruments import is_layer_key
 
-# Config keys that say how a run was run or recorded, not what it trained.
-BOOKKEEPING = frozenset({
-    "run_name", "out_dir", "resume", "overwrite", "log_interval", "eval_interval", "checkpoint_interval",
-    "keep_checkpoints", "permanent_checkpoint_interval", "stop_at_step", "sample_tokens", "wandb_mode",
-    "wandb_project", "wandb_entity", "wandb_group", "zero_shot_tasks", "zero_shot_interval", "zero_shot_data_dir",
-    "zero_shot_limit", "device", "compile", "zero_stage", "fsdp", "optim_backend", "peak_flops", "noise_scale_ema",
-    "probe_batch_size", "nonfinite", "max_skipped_steps", "micro_batch_size", "heldout_tokens"})
-# What varies within a point.
-LR_KEYS, SEED_KEYS = ("lr", "min_lr"), ("seed", "data_seed")
+# The keys a point leaves out, by their role in the schema: how a run was run or recorded, and what
+# varies within a point.
+BOOKKEEPING, LR_KEYS, SEED_KEYS = keys_with_role("bookkeeping"), keys_with_role("lr"), keys_with_role("seed")
 # The MERIT options whose non-default values name an ablation (its label in plots and tables).
 ABLATIONS = {("maxlamb", True): "maxLAMB", ("norm", "l2"): "l2", ("elementwise_clip", False): "no clip",
              ("weightwise_lower_bound", False): "no lower bound"}
-# An optimizer's own hyper-parameters: compared only among the runs of that optimizer (each
-# resolves its own published values).
-OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "eps")
+# An optimizer's own hyper-parameters and its options: compared only among the runs of that
+# optimizer (each resolves its own published values).
+OPTIMIZER_KEYS = keys_with_role("optimizer")
 # Schedule keys a batch sweep at a fixed token budget derives from the batch: where each batch has
 # one value of such a key, it goes with the batch (the table's columns), not into the labels.
 BATCH_SCHEDULE_KEYS = ("warmup_steps", "warmup_tokens", "max_steps")
@@ -159,7 +153,7 @@ class Run:
 
 
 def _optimizer_key(key: str) -> bool:
-    return key in OPTIMIZER_KEYS or key.startswith("optimizer_options.")
+    return key.partition(".")[0] in OPTIMIZER_KEYS  # (an option's key is "optimizer_options.<name>")
 
 
 def _hashable(value):

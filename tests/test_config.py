@@ -1,15 +1,19 @@
 """Config schema and loader: files, inheritance, literal overrides, and the errors users see."""
 
+import dataclasses
 import json
 import math
 import subprocess
 import sys
+import typing
 
 import pytest
 import torch
 
-from configs import ConfigError, TrainConfig, load_config, save_config
+from configs import ROLES, ConfigError, TrainConfig, keys_with_role, load_config, save_config
 from helpers import ROOT
+from model import GPTConfig
+from study.runs import Run
 from training.run_config import resolve_config
 from training.schedule import learning_rate
 
@@ -168,7 +172,6 @@ def test_the_schema_imports_neither_the_evaluator_nor_asks_the_machine():
 
 @pytest.mark.parametrize("override, pattern", [
     ("--device=cuda", None),  # (only where this torch has no CUDA device)
-    ("--zero_shot_tasks=hellaswg", r"zero_shot_tasks='hellaswg'.*did you mean 'hellaswag'"),
     ("--optimizer=merti", r"unknown optimizer 'merti'"),
     ("--optim_backend=gpu", r"optim_backend='gpu': use one of"),
 ])
@@ -198,3 +201,33 @@ def test_a_runs_config_json_is_a_config_and_helpers_are_private(tmp_path):
     assert load_config(str(tmp_path / "config.json")) == config
     path = write(tmp_path, "c.py", "from math import sqrt\n_base = 6e-4\nlr = _base * sqrt(4)\nmax_steps = 1\n")
     assert load_config(path).lr == 1.2e-3
+
+
+def test_every_key_declares_a_known_role():
+    # A study groups runs into points by the roles: a key without one would split points by accident.
+    unplaced = {f.name: f.metadata.get("role") for f in dataclasses.fields(TrainConfig)
+                if f.metadata.get("role") not in ROLES}
+    assert not unplaced, f"give each key role(ROLE, default), ROLE one of {', '.join(ROLES)}: {unplaced}"
+
+
+def test_a_study_point_is_every_key_but_the_lr_the_seeds_and_the_bookkeeping(tmp_path):
+    """A run's point changes with each key that defines the experiment, and with no other; the lr
+    keys move together (the point keeps their ratio)."""
+    base = TrainConfig(max_steps=1).to_dict()
+    point = Run(tmp_path, base, []).point
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["role"] != "lr":
+            changed = Run(tmp_path, {**base, f.name: {"changed": True}}, []).point
+            assert (changed != point) == (f.metadata["role"] in ("experiment", "optimizer")), f.name
+    scaled = {key: base[key] * 2 for key in keys_with_role("lr")}
+    assert Run(tmp_path, {**base, **scaled}, []).point == point
+
+
+def test_every_model_field_is_an_override_of_the_preset():
+    # model_config takes each GPTConfig field a config sets (not None) over the model preset's.
+    keys, types = {f.name: f for f in dataclasses.fields(TrainConfig)}, typing.get_type_hints(TrainConfig)
+    model_types = typing.get_type_hints(GPTConfig)
+    for name in (f.name for f in dataclasses.fields(GPTConfig)):
+        assert name in keys, f"GPTConfig.{name} is no config key: add it to TrainConfig's model overrides"
+        assert types[name] == model_types[name] | None and keys[name].default is None, name
+        assert keys[name].metadata["role"] == "experiment", name
