@@ -32,7 +32,8 @@ import torch.nn as nn
 from atomic import atomic_directory
 from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
-from training.checkpoint import Checkpoint, load_model
+from training.checkpoint import Checkpoint
+from training.parallel import load_model
 
 # Hugging Face's GPT-2 uses Conv1D (weight stored as in x out) where this file uses nn.Linear
 # (out x in): these weights are transposed between the two; every other tensor is the same.

@@ -60,17 +60,6 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
     return peak_bf16_flops(torch.cuda.get_device_name(device))
 
 
-def fetch_zero_shot_data(config: TrainConfig) -> None:
-    """Fetch (and cache) the zero-shot tasks' data from the hub at start-up, so that a task whose
-    data cannot be reached is found before training, not after it."""
-    from eval.tasks import tasks_named
-    for task in tasks_named(config.zero_shot_tasks):
-        try:
-            task.load_docs(None, config.zero_shot_limit)
-        except ConnectionError as error:
-            raise ValueError(f"zero_shot_tasks={config.zero_shot_tasks!r}: {error}") from error
-
-
 class Trainer:
     """The training loop of one run, from its resolved config (training/run_config.py)."""
 
@@ -87,8 +76,9 @@ class Trainer:
         folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
         verify_manifest(config.data_dir, config.tokenizer)
-        if config.zero_shot_tasks and config.zero_shot_data_dir is None:
-            fetch_zero_shot_data(config)
+        if config.zero_shot_tasks:
+            from eval.tasks import check_zero_shot  # (the evaluator only for runs that evaluate)
+            check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir, config.zero_shot_limit, fetch=True)
         self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
 
         self.dtype = dtype = resolve_dtype(config.dtype, self.device)

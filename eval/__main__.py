@@ -34,7 +34,7 @@ from eval.scorer import Scorer
 from eval.tasks import tasks_named
 from hf import from_hf
 from model import GPT
-from training.checkpoint import load_model
+from training.parallel import load_model
 
 
 def load(args) -> tuple[GPT, str, dict]:

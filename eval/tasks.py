@@ -560,3 +560,26 @@ def tasks_named(names: str | list[str]) -> list[Task]:
     if not tasks:
         raise ValueError(f"no task given; valid tasks: {', '.join(TASKS)}; groups: {', '.join(GROUPS)}")
     return list(tasks.values())
+
+
+def check_zero_shot(tasks: str, data_dir: str | None, limit: int | None = None, fetch: bool = False) -> None:
+    """Check a training config's zero-shot tasks before anything trains (a ConfigError naming the
+    key and the fix): their names, then their data: the local files in ``data_dir``, or with
+    ``fetch`` the hub's, fetched and cached now, so that a task whose data cannot be reached is
+    found before training, not after it."""
+    from configs import ConfigError  # (configs imports torch, through model.py: only to check a config)
+    try:
+        named = tasks_named(tasks)
+    except ValueError as error:
+        raise ConfigError(f"zero_shot_tasks={tasks!r}: {error}") from error
+    for task in named:
+        if data_dir is not None:
+            try:
+                task.local_file(data_dir)
+            except FileNotFoundError as error:
+                raise ConfigError(f"zero_shot_data_dir={data_dir!r}: {error}") from error
+        elif fetch:
+            try:
+                task.load_docs(None, limit)
+            except ConnectionError as error:
+                raise ConfigError(f"zero_shot_tasks={tasks!r}: {error}") from error

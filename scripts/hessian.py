@@ -36,7 +36,7 @@ import torch
 
 from atomic import atomic_write
 from study.hessian import batch_loss, hutchinson_trace, top_eigenvalue, validation_batches
-from training.checkpoint import load_model
+from training.parallel import load_model
 
 
 def _positive(kind):

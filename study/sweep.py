@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from atomic import atomic_write
 from configs import ConfigError, TrainConfig, load_config
+from eval.tasks import check_zero_shot
 from study.runs import read_records
 from training.run_config import resolve_config
 from training.checkpoint import numbered
@@ -100,6 +101,8 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
         name = point_name(chosen) or "base"
         config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
                                                     resume="auto", overwrite=False)).config
+        if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
+            check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
         config.steps(block)  # a warmup longer than the run is an error here, not at launch
         points.append(Point(name, config, chosen, out / name))
     names = [p.name for p in points]

@@ -1,5 +1,5 @@
-"""Hugging Face interop: hf.py (to_hf, from_hf, export), scripts/export_hf.py and checkpoint.load_model,
-checked against transformers' own GPT2LMHeadModel and tokenizer (CPU, offline, tiny models)."""
+"""Hugging Face interop: hf.py (to_hf, from_hf, export), scripts/export_hf.py and training/parallel.py's
+load_model, checked against transformers' own GPT2LMHeadModel and tokenizer (CPU, offline, tiny models)."""
 
 import json
 import random
@@ -15,6 +15,7 @@ from helpers import ROOT, TINY_RUN, train_here
 from model import GPT, GPTConfig
 from training import checkpoint
 from training.checkpoint import Checkpoint
+from training.parallel import load_model
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -252,7 +253,7 @@ def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
                "--micro_batch_size=2", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run")
     result = run_export(tmp_path / "run" / "ckpt.pt", tmp_path / "hf")
     assert "wrote" in result.stdout and "step 2" in result.stdout
-    model, state = checkpoint.load_model(tmp_path / "run" / "ckpt.pt")
+    model, state = load_model(tmp_path / "run" / "ckpt.pt")
     assert state.step == 2 and not model.training and model.config.bias
     hf = hf_from_pretrained(tmp_path / "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -268,7 +269,7 @@ def test_cli_exports_a_checkpoint_of_train_py(byte_shards, tmp_path):
 def test_cli_gpt2_checkpoint_and_force(tmp_path):
     model = random_model(scale_attn_by_inverse_layer_idx=True)
     ckpt = save_checkpoint(model, tmp_path / "ckpt.pt")
-    loaded, _ = checkpoint.load_model(ckpt)
+    loaded, _ = load_model(ckpt)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     run_export(ckpt, tmp_path / "hf", "--dtype", "float32")
     refused = run_export(ckpt, tmp_path / "hf", check=False)
@@ -297,12 +298,12 @@ def test_cli_errors(tmp_path):
 def test_load_model_errors(tmp_path):
     torch.save({"format_version": checkpoint.FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
     with pytest.raises(ValueError, match=r"does not have the fields.*missing \['code_version', 'config', 'model'"):
-        checkpoint.load_model(tmp_path / "no_model.pt")
+        load_model(tmp_path / "no_model.pt")
     future = Checkpoint.of_model(random_model(), "gpt2")
     future.model_args["n_kv_head"] = 1
     future.save(tmp_path / "future.pt")
     with pytest.raises(ValueError, match="model_args"):
-        checkpoint.load_model(tmp_path / "future.pt")
+        load_model(tmp_path / "future.pt")
 
 
 def test_failed_export_leaves_no_folder(tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ import torch
 
 from eval.samples import write_fixtures
 from helpers import TINY_RUN, read_metrics, run_train, train_here
-from training.checkpoint import CHECKPOINT_NAME, load_model
+from training.checkpoint import CHECKPOINT_NAME
+from training.parallel import load_model
 
 # Accumulation 2 on 2 ranks (global batch 8, micro-batch 2), a checkpoint every 2 steps.
 RUN = [*TINY_RUN, "--log_interval=2", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4",

@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from configs import load_config
+from configs import ConfigError, load_config
+from eval.samples import write_fixtures
 from helpers import ROOT, TINY, train_here
+from study.sweep import plan
 
 BASE = dict(TINY, log_interval=2, batch_size=4, micro_batch_size=2, max_steps=4, warmup_steps=2, lr=0.01,
             min_lr=0.001, checkpoint_interval=2)
@@ -108,3 +110,15 @@ def test_the_slurm_script_is_valid_bash_with_the_multi_node_torchrun_flags(tmp_p
         f"s{s}_lr{lr:g}" for s in (0, 1) for lr in (1e-3, 3e-3)]
     point = load_config(sorted(listed)[0])
     assert (point.seed, point.lr, point.run_name, point.resume) == (0, 1e-3, "s0_lr0.001", "auto")
+
+
+def test_the_plan_refuses_a_point_whose_zero_shot_tasks_cannot_run(tmp_path, byte_shards):
+    """A misspelled task, or a missing local task file, is found at planning, not when the point
+    has trained."""
+    write_fixtures(tmp_path / "tasks")
+    base = base_config(tmp_path, byte_shards, zero_shot_data_dir=str(tmp_path / "tasks"))
+    with pytest.raises(ConfigError, match=r"zero_shot_tasks='hellaswg'.*did you mean 'hellaswag'"):
+        plan(str(base), {"zero_shot_tasks": ["copa", "hellaswg"]}, [], tmp_path / "sweep", "none", "steps", None)
+    (tmp_path / "tasks" / "copa.jsonl").unlink()
+    with pytest.raises(ConfigError, match=r"zero_shot_data_dir=.*copa"):
+        plan(str(base), {"zero_shot_tasks": ["copa"]}, [], tmp_path / "sweep", "none", "steps", None)

@@ -208,7 +208,7 @@ def test_heldout_loss_is_the_model_s_loss_on_the_val_tokens_after_val_tokens(byt
     """val/loss on the first 512 val tokens, heldout/loss on the 1024 after them: both against the
     final checkpoint's losses computed here from the val shard's tokens."""
     from data.shards import open_shard
-    from training.checkpoint import load_model
+    from training.parallel import load_model
     train_here(*args(byte_shards, tmp_path, "--max_steps=6", "--batch_size=4", "--micro_batch_size=2",
                      "--heldout_tokens=1024"))
     final = read_metrics(tmp_path / "default")[-1]

@@ -1,10 +1,11 @@
 """The checkpoint format and its lifecycle in a run folder; written atomically, read with weights_only=True.
 
 ``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
-validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter and the HF
-export read it through ``Checkpoint.load`` / ``load_model``. The file is a dict of the fields
-below plus ``format_version``; older files (version 1 before ``optim_backends`` and
-``train_window``, version 2 before ``noise_scale``, version 3 before ``tensors``) are read as well.
+validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter, the HF export
+and the Hessian script read its model with training/parallel.py's ``load_model``, since the
+layout decides where the tensors are. The file is a dict of the fields below plus
+``format_version``; older files (version 1 before ``optim_backends`` and ``train_window``,
+version 2 before ``noise_scale``, version 3 before ``tensors``) are read as well.
 
 Two layouts, one format:
 
@@ -13,7 +14,8 @@ Two layouts, one format:
 * sharded (``ckpt_<step>.dcp/``, FSDP2): a folder in which every rank wrote its shards of the
   model and of the optimizer state with ``torch.distributed.checkpoint`` (DCP), and rank 0 the
   ``Checkpoint`` as ``checkpoint.pt`` with the optimizer's param groups (``tensors="dcp"``);
-  written and read by training/sharded_checkpoint.py, the only module that imports DCP.
+  written and read by training/sharded_checkpoint.py, the only module that imports DCP. It
+  imports this one, never the reverse: training/parallel.py, above both, picks the layout.
 
 In a run folder (``save_in``, ``sharded_checkpoint.save_sharded_in``, ``load_latest``)
 ``ckpt.pt``, a link to the newest checkpoint, is the latest pointer, switched atomically once the
@@ -95,8 +97,8 @@ class Checkpoint:
     @classmethod
     def load(cls, path, map_location="cpu") -> Checkpoint:
         """The checkpoint at ``path`` (a file, or a sharded checkpoint's folder: its tensors stay
-        in the DCP files until ``build_model`` or ``sharded_checkpoint.load_sharded_state``); a
-        clear error if it is missing, unreadable, of another version or lacks a field."""
+        in the DCP files until ``sharded_checkpoint.load_sharded_state``); a clear error if it is
+        missing, unreadable, of another version or lacks a field."""
         path = Path(path)
         file = path / SHARDED_CHECKPOINT if path.is_dir() else path
         if not file.is_file():
@@ -135,19 +137,12 @@ class Checkpoint:
             raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
                              f"resume with the checkpoint's settings or start a new run_name")
 
-    def build_model(self, path: Path) -> GPT:
-        """The model this checkpoint holds, in eval mode."""
+    def model_config(self, path: Path) -> GPTConfig:
+        """The config of the model this checkpoint holds (``path`` names it in the error)."""
         try:
-            config = GPTConfig(**self.model_args)
+            return GPTConfig(**self.model_args)
         except TypeError as e:
             raise ValueError(f"checkpoint {path} has model_args this code does not know ({e})") from e
-        model = GPT(config)
-        if self.tensors == "dcp":
-            from training.sharded_checkpoint import load_sharded_state  # (DCP's import: only for these)
-            load_sharded_state(path, self, model)
-        else:
-            model.load_state_dict(self.model)
-        return model.eval()
 
 
 def _tensors(value):
@@ -209,13 +204,3 @@ def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Che
             if not fall_back or i == len(candidates) - 1:
                 raise
             warnings.warn(f"skipping the checkpoint {path}: {error}; trying {candidates[i + 1].name}")
-
-
-def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:
-    """(GPT in eval mode on ``map_location``, the checkpoint it came from: step, config, ...)."""
-    path = Path(path)
-    checkpoint = Checkpoint.load(path, map_location=map_location)
-    model = checkpoint.build_model(path)
-    if isinstance(map_location, (str, torch.device)):
-        model.to(map_location)
-    return model, checkpoint

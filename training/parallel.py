@@ -14,13 +14,17 @@ reduce gradients on the last accumulation micro-step only, to gather a plain mod
 that does not run on every rank in step (the probe, samples, zero-shot evaluation), and to save
 and load the run's state (training/state.py) as its checkpoint: inline (one process, DDP), the
 ZeRO-1 state consolidated on rank 0 into the inline format, or every rank's shards with DCP
-(FSDP2; training/checkpoint.py). The loop otherwise reads like a single-process loop.
+(FSDP2; training/checkpoint.py). The loop otherwise reads like a single-process loop. The tools
+that read a checkpoint's model (the evaluator, the lm-eval adapter, the HF export, the Hessian
+script) do so with ``load_model``, which tells the two checkpoint layouts apart as ``Layout.load``
+does; training/sharded_checkpoint.py, and with it DCP, is imported only where one is sharded.
 """
 from __future__ import annotations
 
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -160,16 +164,37 @@ class Layout:
         """Continue ``state`` from ``checkpoint`` (read from ``path``); every rank calls it. A
         sharded checkpoint reshards (FSDP2 on any number of ranks, DDP or one process); a whole-model
         file loads anywhere but under FSDP2 (ZeRO-1 keeps its partition's share of the state)."""
-        if checkpoint.tensors == "dcp":
-            if self.zero_redundancy:
-                raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
-                                 f"fsdp=True, or with zero_stage=0")
-            from training.sharded_checkpoint import load_sharded_state
-            load_sharded_state(path, checkpoint, state.model, state.optimizer)
-        elif self.shards_parameters:
+        if checkpoint.tensors == "dcp" and self.zero_redundancy:
+            raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
+                             f"fsdp=True, or with zero_stage=0")
+        if checkpoint.tensors != "dcp" and self.shards_parameters:
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
                              f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
-        else:
-            state.model.load_state_dict(checkpoint.model)
-            state.optimizer.load_state_dict(checkpoint.optimizer)
+        _load_tensors(checkpoint, path, state.model, state.optimizer)
         state.load_state_dict(checkpoint)
+
+
+def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:
+    """(GPT in eval mode on ``map_location``, the checkpoint it came from: step, config, ...), from
+    a checkpoint file or a sharded checkpoint's folder."""
+    path = Path(path)
+    checkpoint = Checkpoint.load(path, map_location=map_location)
+    model = GPT(checkpoint.model_config(path))
+    _load_tensors(checkpoint, path, model)
+    model.eval()
+    if isinstance(map_location, (str, torch.device)):
+        model.to(map_location)
+    return model, checkpoint
+
+
+def _load_tensors(checkpoint: Checkpoint, path: Path, model: nn.Module,
+                  optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Load ``checkpoint``'s model (and optimizer) state into ``model`` (``optimizer``): from the
+    checkpoint itself, or from the DCP files of its folder (``path``) where it is sharded."""
+    if checkpoint.tensors == "dcp":
+        from training.sharded_checkpoint import load_sharded_state  # (DCP: imported where a checkpoint needs it)
+        load_sharded_state(path, checkpoint, model, optimizer)
+    else:
+        model.load_state_dict(checkpoint.model)
+        if optimizer is not None:
+            optimizer.load_state_dict(checkpoint.optimizer)

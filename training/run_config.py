@@ -2,9 +2,9 @@
 
 The schema (configs/__init__.py) checks what a config says by itself. What it cannot check
 alone is checked here, before a run writes anything: the optimizer's name and options against
-the registry, the optimizer backend, the zero-shot tasks against the task list, and the device
-against the machine, and the zero-shot tasks' local files where a folder is given. Then every
-hyper-parameter of the optimizer is resolved, with its source:
+the registry, the optimizer backend, and the device against the machine. (The zero-shot tasks
+are the evaluator's, which nothing in training/ imports: train.py checks them at start-up.) Then
+every hyper-parameter of the optimizer is resolved, with its source:
 "set" by the config, its "published" GPT-2 value (optim/published.py) or its constructor's
 "default". The resolved config is what the run trains with and records (config.json, every
 checkpoint, wandb); resolving a recorded config gives it back.
@@ -44,17 +44,6 @@ def resolve_config(config: TrainConfig) -> RunConfig:
         check_setting(config.optim_backend)
     except ValueError as error:
         raise ConfigError(str(error)) from error
-    if config.zero_shot_tasks:
-        from eval.tasks import tasks_named  # (the evaluator only for runs that evaluate)
-        try:
-            tasks = tasks_named(config.zero_shot_tasks)
-        except ValueError as error:
-            raise ConfigError(f"zero_shot_tasks={config.zero_shot_tasks!r}: {error}") from error
-        for task in tasks if config.zero_shot_data_dir else ():  # found now, not after training
-            try:
-                task.local_file(config.zero_shot_data_dir)
-            except FileNotFoundError as error:
-                raise ConfigError(f"zero_shot_data_dir={config.zero_shot_data_dir!r}: {error}") from error
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda', but this torch sees no CUDA device: use device='auto' or 'cpu', or "
                           "install a CUDA build of torch")

@@ -8,7 +8,8 @@ tensors go into DCP files (DCP unpickles any other value without weights_only), 
 metadata is read by an unpickler that builds nothing but DCP's own metadata classes.
 
 A module of its own because importing DCP (and the DTensor it brings) costs every process half a
-second of start-up: only the runs and tools that meet a sharded checkpoint import it.
+second of start-up: only the runs and tools that meet a sharded checkpoint import it (through
+training/parallel.py, which tells the layouts apart; training/checkpoint.py never imports it).
 """
 from __future__ import annotations
 
