@@ -9,11 +9,14 @@ Face's GPT2LMHeadModel.
 """
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
 
 # Presets only fix the shape (n_layer, n_head, n_embd); every other field keeps its default
 # unless overridden. The small ones are for CPU runs and tests. Comments: parameters in the
@@ -143,7 +146,8 @@ class CausalSelfAttention(nn.Module):
             self.q_norm, self.k_norm = nn.RMSNorm(head_dim), nn.RMSNorm(head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.logit_max = None  # QK-Clip's per-head maximum while it measures (see forward)
+        # register_logit_max_hook's (an OrderedDict, as torch's own hooks: RemovableHandle refers to it weakly)
+        self._logit_max_hooks: OrderedDict[int, Callable[[torch.Tensor], None]] = OrderedDict()
 
     def qkv(self, x):
         """(B, T, C) -> q, k, v, each (B, n_head, T, head_dim)."""
@@ -152,17 +156,24 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in fused)
         return self.q_norm(q), self.k_norm(k), v
 
+    def register_logit_max_hook(self, hook: Callable[[torch.Tensor], None]) -> RemovableHandle:
+        """Have every causal forward call ``hook(maxima)``, maxima (n_head,) each head's largest
+        pre-softmax logit q.k * scale, computed from the forward's own q and k
+        (``causal_logit_max``), until the returned handle's ``remove()`` (QK-Clip's measurement,
+        training/qk_clip.py). Without a hook a forward computes nothing extra."""
+        handle = RemovableHandle(self._logit_max_hooks)
+        self._logit_max_hooks[handle.id] = hook
+        return handle
+
     def forward(self, x, attn_mask=None):
         """attn_mask: None for causal attention, else a bool mask broadcasting to (B, n_head, T, T),
-        True where a query may attend to a key (packed sequences, see GPT.hidden_states).
-
-        While ``logit_max`` is a tensor (n_head,) (QK-Clip's measurement, training/qk_clip.py), a
-        causal forward raises it to each head's largest pre-softmax logit q.k * scale seen,
-        computed from this forward's q and k (``causal_logit_max``)."""
+        True where a query may attend to a key (packed sequences, see GPT.hidden_states)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x)
-        if self.logit_max is not None and attn_mask is None:
-            self.logit_max = torch.maximum(self.logit_max, causal_logit_max(q, k, self.scale, LOGIT_CHUNK))
+        if self._logit_max_hooks and attn_mask is None:
+            maxima = causal_logit_max(q, k, self.scale, LOGIT_CHUNK)
+            for hook in self._logit_max_hooks.values():
+                hook(maxima)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale

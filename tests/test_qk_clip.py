@@ -116,7 +116,7 @@ def test_a_dropped_step_or_an_infinite_tau_clips_nothing():
         clip.apply(torch.tensor(kept))
         assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     # The measurement lasts the context only: later forwards (an extra pass, the probe) record nothing.
-    assert all(block.attn.logit_max is None for block in model.transformer.h)
+    assert all(not block.attn._logit_max_hooks for block in model.transformer.h)
 
 
 def test_the_maximum_is_over_the_step_s_micro_batches():

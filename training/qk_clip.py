@@ -1,8 +1,8 @@
 """QK-Clip (Kimi K2, 2025): the largest attention logit capped in weight space after each step
 (docs/optimizers.md, "QK-Clip").
 
-During the step's training forwards every attention layer records each head's largest causal
-pre-softmax logit q.k * scale (model.py, ``CausalSelfAttention.logit_max``); S_max is its maximum
+During the step's training forwards every attention layer hands each head's largest causal
+pre-softmax logit q.k * scale to a hook (model.py, ``register_logit_max_hook``); S_max is its maximum
 over the step's micro-batches and the ranks (a MAX all-reduce). After the optimizer step, each head
 with S_max > tau has its query and key rows of ``c_attn`` (weights and biases) scaled by
 sqrt(tau / S_max), so that logit would have been tau; every other weight is untouched. It acts on
@@ -12,6 +12,7 @@ rows it holds. All of it stays on the device: no host sync.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -35,17 +36,22 @@ class QKClip:
 
     @contextmanager
     def measuring(self):
-        """Around a step's training forwards and backwards: every layer records each head's
-        largest logit; ``max_logits`` holds the maxima afterwards (this rank's)."""
-        for attention in self.attentions:
-            weight = attention.c_attn.weight
-            attention.logit_max = torch.full((self.n_head,), float("-inf"), device=weight.device)
+        """Around a step's training forwards and backwards: every layer's hook keeps each head's
+        largest logit over them; ``max_logits`` holds the maxima afterwards (this rank's)."""
+        device = self.attentions[0].c_attn.weight.device
+        running = [torch.full((self.n_head,), float("-inf"), device=device) for _ in self.attentions]
+
+        def keep_larger(layer: int, maxima: Tensor) -> None:
+            running[layer] = torch.maximum(running[layer], maxima)
+
+        handles = [attention.register_logit_max_hook(partial(keep_larger, layer))
+                   for layer, attention in enumerate(self.attentions)]
         try:
             yield
-            self.max_logits = torch.stack([attention.logit_max for attention in self.attentions])
+            self.max_logits = torch.stack(running)
         finally:
-            for attention in self.attentions:
-                attention.logit_max = None
+            for handle in handles:
+                handle.remove()
 
     @torch.no_grad()
     def apply(self, kept: Tensor, record: bool = False) -> None:
