@@ -31,11 +31,11 @@ from data.tokenizer import get_tokenizer
 from model import GPT
 from optim.protocol import LossFn
 from training import distributed, memory, run_folder
-from training.checkpoint import CHECKPOINT_NAME, load_latest, numbered
+from training.checkpoint import load_latest
 from training.instruments import UpdateStatistics, is_layer_key, probe_record
 from training.metrics import MetricsLogger, peak_bf16_flops
 from training.noise_scale import GradientNoiseScale, gpt_groups
-from training.nonfinite import NonFiniteError, NonFiniteSteps
+from training.nonfinite import NonFiniteError, NonFiniteSteps, recovery_advice
 from training.parallel import Layout
 from training.qk_clip import QKClip
 from training.run_config import RunConfig, resolve_config
@@ -167,7 +167,7 @@ class Trainer:
         # (Restored by close(): a Trainer run inside another program leaves its handlers as they were.)
         self.saved_handlers = {sig: signal.signal(sig, handler) for sig, handler in
                                ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint))}
-        self.run_lock = self.lock_run_folder(folder_seen)
+        self.run_lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
         memory.reset_peak(self.device)  # the reported peak is training's, from here on
 
     @property
@@ -287,32 +287,15 @@ class Trainer:
         raises at the first non-finite gradient, before anything is saved; "skip" reports the
         skipped steps and stops after max_skipped_steps in a row. Never save parameters that are
         not finite (whatever made them so)."""
-        skipped = self.nonfinite.check(self._last_good)
+        skipped = self.nonfinite.check(self._recovery_advice)
         if skipped and self.ctx.is_main:
             tqdm.write(skipped)
         if not self.layout.all_finite(p.detach() for p in self.model.parameters()):
             raise NonFiniteError(f"the parameters are not finite at step {self.step}: stopping without saving. "
-                                 f"{self._last_good(self.nonfinite.first.item())}")
+                                 f"{self._recovery_advice(self.nonfinite.first.item())}")
 
-    def _last_good(self, first_nonfinite: int = -1) -> str:
-        """Which checkpoint to go back to. A checkpoint written after a skipped (non-finite) step
-        holds weights the steps around it may have driven off (|w| of 1e5 after an lr of 1e6 is
-        finite): the one before the first non-finite step is named too."""
-        if self.last_checkpoint_step is None:
-            return "No checkpoint was written yet"
-        newest = (f"The last good checkpoint is {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}: "
-                  f"resume it with --resume, e.g. with a lower lr")
-        if first_nonfinite < 0 or self.last_checkpoint_step < first_nonfinite:
-            return newest
-        before = [step for step in self.checkpoint_steps if step < first_nonfinite]
-        kept = [path for path in numbered(self.run_dir) if before and path.name.startswith(f"ckpt_{before[-1]:08d}.")]
-        earlier = (f"the last one before it is {kept[0]} (step {before[-1]}): point {CHECKPOINT_NAME} at it "
-                   f"(ln -sfn {kept[0].name} {self.run_dir / CHECKPOINT_NAME}) and resume with --resume" if kept else
-                   "no checkpoint from before it is kept (keep more with keep_checkpoints or "
-                   "permanent_checkpoint_interval)")
-        return (f"The newest checkpoint, {self.run_dir / CHECKPOINT_NAME} at step {self.last_checkpoint_step}, was "
-                f"written after the first non-finite step {first_nonfinite}, so its weights may be damaged though "
-                f"finite; {earlier}")
+    def _recovery_advice(self, first_nonfinite: int = -1) -> str:
+        return recovery_advice(self.run_dir, self.last_checkpoint_step, self.checkpoint_steps, first_nonfinite)
 
     def forward_backward(self, loss_fn: LossFn, measure: bool = False) -> torch.Tensor:
         """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
@@ -497,32 +480,6 @@ class Trainer:
         self.checkpoint_steps.append(self.step)
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})")
-
-    def lock_run_folder(self, seen: list) -> run_folder.RunLock | None:
-        """The main rank takes the run folder's lock (training/run_folder.py), refused if another
-        live run holds it, or if the folder changed since ``seen`` (what this run's start was decided
-        on: another run used it meanwhile); every rank learns the outcome."""
-        lock, refusal = None, None
-        if self.ctx.is_main:
-            lock = run_folder.RunLock(self.run_dir)
-            try:
-                took_over = lock.acquire()
-                if took_over:
-                    print(f"{self.run_dir}: {took_over}")
-                removed = run_folder.remove_stale_temporaries(self.run_dir)
-                if removed:
-                    print(f"{self.run_dir}: removed what interrupted writes left: {', '.join(removed)}")
-                    seen = [entry for entry in seen if entry[0] not in removed]
-                if run_folder.fingerprint(self.run_dir) != seen:
-                    lock.release()
-                    refusal = (f"the run folder {self.run_dir} changed while this run started (another run wrote "
-                               f"to it meanwhile): start this run again")
-            except OSError as error:
-                refusal = str(error)
-        refusal = distributed.all_gather_objects(refusal, self.ctx)[0]
-        if refusal:
-            raise run_folder.RunFolderLocked(refusal)
-        return lock
 
     def close(self):
         """Stop the loaders' prefetch threads, give the run folder up, restore the signal handlers

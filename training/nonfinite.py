@@ -6,9 +6,12 @@ sync; the loop reads it where it syncs anyway (log steps, checkpoints) through `
 steps is noticed at the next log step: by then nothing was applied, only compute was spent.
 """
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from training.checkpoint import CHECKPOINT_NAME, numbered
 
 
 class NonFiniteError(RuntimeError):
@@ -61,3 +64,26 @@ class NonFiniteSteps:
     def skipped(self) -> int:
         """Skipped steps in all (a host read)."""
         return int(self.total)
+
+
+def recovery_advice(run_dir: Path, last_checkpoint_step: int | None, checkpoint_steps: list[int],
+                    first_nonfinite: int = -1) -> str:
+    """Which checkpoint of ``run_dir`` to go back to (``checkpoint_steps``: this invocation's, and the
+    resumed one, oldest first). A checkpoint written after a skipped (non-finite) step holds
+    weights the steps around it may have driven off (|w| of 1e5 after an lr of 1e6 is finite):
+    the one before the first non-finite step is named too."""
+    if last_checkpoint_step is None:
+        return "No checkpoint was written yet"
+    newest = (f"The last good checkpoint is {run_dir / CHECKPOINT_NAME} at step {last_checkpoint_step}: "
+              f"resume it with --resume, e.g. with a lower lr")
+    if first_nonfinite < 0 or last_checkpoint_step < first_nonfinite:
+        return newest
+    before = [step for step in checkpoint_steps if step < first_nonfinite]
+    kept = [path for path in numbered(run_dir) if before and path.name.startswith(f"ckpt_{before[-1]:08d}.")]
+    earlier = (f"the last one before it is {kept[0]} (step {before[-1]}): point {CHECKPOINT_NAME} at it "
+               f"(ln -sfn {kept[0].name} {run_dir / CHECKPOINT_NAME}) and resume with --resume" if kept else
+               "no checkpoint from before it is kept (keep more with keep_checkpoints or "
+               "permanent_checkpoint_interval)")
+    return (f"The newest checkpoint, {run_dir / CHECKPOINT_NAME} at step {last_checkpoint_step}, was "
+            f"written after the first non-finite step {first_nonfinite}, so its weights may be damaged though "
+            f"finite; {earlier}")

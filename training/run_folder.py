@@ -29,7 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from configs import TrainConfig
+from training import distributed
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
+from training.distributed import Distributed
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
@@ -160,6 +162,34 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
                       resume_line,
                       f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
                       f"GPT-2 folder)"])
+
+
+def lock(run_dir: Path, seen: list, ctx: Distributed) -> RunLock | None:
+    """The main rank takes the run folder's lock, refused if another live run holds it, or if the
+    folder changed since ``seen`` (its ``fingerprint`` when the run decided how to start: another
+    run used it meanwhile); it removes what interrupted writes left. Every rank learns the outcome
+    (RunFolderLocked on a refusal); the main rank gets the lock to release, the others None."""
+    held, refusal = None, None
+    if ctx.is_main:
+        held = RunLock(run_dir)
+        try:
+            took_over = held.acquire()
+            if took_over:
+                print(f"{run_dir}: {took_over}")
+            removed = remove_stale_temporaries(run_dir)
+            if removed:
+                print(f"{run_dir}: removed what interrupted writes left: {', '.join(removed)}")
+                seen = [entry for entry in seen if entry[0] not in removed]
+            if fingerprint(run_dir) != seen:
+                held.release()
+                refusal = (f"the run folder {run_dir} changed while this run started (another run wrote "
+                           f"to it meanwhile): start this run again")
+        except OSError as error:
+            refusal = str(error)
+    refusal = distributed.all_gather_objects(refusal, ctx)[0]
+    if refusal:
+        raise RunFolderLocked(refusal)
+    return held
 
 
 class RunFolderLocked(OSError):
