@@ -1,7 +1,8 @@
 """train.py explains itself: --help lists every config key from the schema; a run says where its
 folder is at the start and, at the end, where its files are and the commands that evaluate, resume
 and export it (the resume commands it prints are run here); under torchrun an error is printed by
-one rank and is torchrun's closing word."""
+one rank and is torchrun's closing word. (The resume command a torchrun run prints:
+tests/test_train.py.)"""
 import dataclasses
 import re
 import shlex
@@ -71,11 +72,3 @@ def test_under_torchrun_one_rank_says_the_error_and_it_is_torchrun_s_closing_wor
     assert "rank      : 0 (local_rank: 0)" in summary and f"traceback : {message}" in summary
     assert "To enable traceback" not in output
 
-
-@pytest.mark.slow
-def test_under_torchrun_the_printed_resume_command_is_torchrun_s(byte_shards, tmp_path):
-    common = [*RUN, "--batch_size=4", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
-    first = run_train(*common, "--stop_at_step=2", nproc=2)
-    resume = shlex.split(first.stdout.rsplit("resume    ", 1)[1].splitlines()[0])
-    assert resume[:4] == ["torchrun", "--standalone", "--nproc_per_node=2", "train.py"]
-    assert "(step 4 of 4)" in run_train(*resume[4:], nproc=2).stdout

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -94,7 +95,11 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_global_batches(by
     # Aligned rows follow a cursor through the global stream: the strictest test of its position.
     common = ("--max_steps=6", "--batch_size=4", "--micro_batch_size=2", "--align_documents=True")
     run_train(*args(byte_shards, tmp_path, "--run_name=straight", *common), nproc=2)
-    run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=3"), nproc=2)
+    stopped = run_train(*args(byte_shards, tmp_path, "--run_name=split", *common, "--stop_at_step=3"), nproc=2)
+    # The run's own resume command is torchrun's, with its arguments but the stop.
+    printed = shlex.split(stopped.stdout.rsplit("resume    ", 1)[1].splitlines()[0])
+    assert printed == ["torchrun", "--standalone", "--nproc_per_node=2", "train.py",
+                       *args(byte_shards, tmp_path, "--run_name=split", *common), "--resume"]
     resumed = train_here(*args(byte_shards, tmp_path, "--run_name=split", *common, "--resume"))  # accumulation 2
     assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
 
