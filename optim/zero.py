@@ -42,7 +42,11 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
                                 f"{type(optimizer).__name__}")
             return optimizer
 
-        super().__init__(params, optimizer_class=local_optimizer, **defaults)
+        # An option left None takes the optimizer's own default, which the rank's optimizer resolves
+        # (Muon's adamw_lr and adamw_weight_decay: "follow lr and weight_decay"). The whole groups
+        # must not hold the None: ZeroRedundancyOptimizer would copy it over the resolved value.
+        super().__init__(params, optimizer_class=local_optimizer,
+                         **{key: value for key, value in defaults.items() if value is not None})
 
     @staticmethod
     def _sync_param_groups(src_param_groups: list[dict], dst_param_groups: list[dict]) -> None:

@@ -139,6 +139,21 @@ def test_sophia_g_s_hessian_pass_runs_through_each_layout(byte_shards, tmp_path)
     assert_same_parameters(params["fsdp"], params["ddp"], "fsdp", rel=1e-5)
 
 
+def test_muon_with_its_resolved_settings_runs_through_each_layout(byte_shards, tmp_path):
+    """Muon as train.py resolves it (adamw_lr and adamw_weight_decay left None: "follow lr and
+    weight_decay"), which ZeRO-1 refused before: its whole groups held the None over the value the
+    rank's optimizer resolved. Every layout gives DDP's parameters (Newton-Schulz in float32: in
+    bfloat16, with this run's strong QK-Clip, FSDP2 ended 1.5e-4 apart in wte)."""
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=muon", "--sample_tokens=0",
+              "--zero_shot_tasks=", "--checkpoint_interval=0", "--optimizer_options={'ns_dtype': 'float32'}"]
+    params = {}
+    for name, extra in STRATEGIES.items():
+        run_train(*common, f"--run_name={name}", *extra, nproc=2)
+        params[name] = load_model(tmp_path / name / CHECKPOINT_NAME)[0].state_dict()
+    assert_same_parameters(params["zero1"], params["ddp"], "zero1")
+    assert_same_parameters(params["fsdp"], params["ddp"], "fsdp", rel=1e-5)
+
+
 def test_a_damaged_sharded_checkpoint_is_a_clear_error_and_its_metadata_builds_nothing(runs, tmp_path):
     import os
     import pickle
