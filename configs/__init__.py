@@ -161,6 +161,10 @@ class TrainConfig:
     zero_shot_data_dir: str | None = role("bookkeeping", None)
     zero_shot_limit: int | None = role("bookkeeping", None)  # only the first N examples of each task
 
+    # --- parts of the run (training/parts.py) beside the built-in ones ---
+    # "package.module:Class" of a Part subclass, comma-separated; "": none
+    extra_parts: str = role("experiment", "")
+
     # --- system ---
     device: str = role("bookkeeping", "auto")  # "auto", "cpu", "cuda"
     # "auto" (bf16 on capable GPUs, else fp32), "float32", "bfloat16", "float16"
@@ -395,6 +399,14 @@ def save_config(config: TrainConfig, path: Path):
     with atomic_write(path, "w") as f:
         f.write(json.dumps(config.to_dict(), indent=2) + "\n")
 
+
+
+def usage(doc: str) -> str:
+    """train.py's ``--help``: how to run it, its ``doc`` and every key (``key_reference``)."""
+    return (f"usage: python train.py CONFIG [--key=value ...]\n"
+            f"       torchrun --nproc_per_node=N train.py CONFIG [--key=value ...]\n\n"
+            f"{doc.strip()}\n\nThe config keys (a config file assigns them as Python names; "
+            f"--key=value overrides them):\n\n{key_reference()}")
 
 
 def key_reference(width: int = 100) -> str:

@@ -4,13 +4,18 @@ Registering an optimizer is one entry in ``_REGISTRY`` (or one ``register`` call
 optimizer defined outside this package): a callable (class or function) taking
 ``(params, *, lr, weight_decay, betas, eps, backend, <its own options>)`` with its own defaults
 for betas/eps. ``build`` checks options against that signature, so no other code changes;
-docs/architecture.md walks through adding one. ``hyperparameter_settings`` gives a run's
-hyper-parameters: the ones the user set, else the optimizer's published GPT-2 ones
-(optim/published.py), else its constructor's defaults.
+docs/architecture.md walks through adding one.
+
+An optimizer's hyper-parameters are resolved once, into ``Settings``: the ones the caller set,
+else the optimizer's published GPT-2 ones (optim/published.py), else its constructor's defaults,
+each with its source. train.py resolves a config's (training/run_config.py) and builds from them;
+a library call ``build("muon", model, lr=...)`` resolves the same way, so it gets the published
+recipe too, unless it asks for the constructor's defaults (``defaults="constructor"``).
 """
 import difflib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,8 +33,7 @@ from .protocol import GradientFn, LossFn, TrainingHooks
 from .sophia import SophiaG
 
 __all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Muon", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
-           "available", "build", "check_options", "hyperparameter_settings", "param_groups",
-           "register"]
+           "Settings", "available", "build", "check_options", "param_groups", "register", "settings"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -50,7 +54,7 @@ def available() -> list[str]:
 
 def register(name: str, factory: Callable, gpt2_settings: dict | None = None) -> None:
     """Make ``build(name, ...)`` (and so a config's ``optimizer = name``) create ``factory``'s
-    optimizer; ``gpt2_settings``: its published hyper-parameters, for ``hyperparameter_settings``."""
+    optimizer; ``gpt2_settings``: its published hyper-parameters, for ``settings``."""
     key = name.lower()
     if key in _REGISTRY:
         raise ValueError(f"an optimizer named {key!r} is already registered")
@@ -58,62 +62,100 @@ def register(name: str, factory: Callable, gpt2_settings: dict | None = None) ->
     published.GPT2[key] = dict(gpt2_settings or {})
 
 
-def hyperparameter_settings(name: str, chosen: dict) -> dict[str, tuple[object, str]]:
-    """Every hyper-parameter of optimizer ``name`` as ``{key: (value, source)}``: the value in
-    ``chosen`` where it is not None ("set"), else its published GPT-2 value ("published"), else its
-    constructor's default ("default"). The hyper-parameters are the constructor's arguments but
-    params, backend and the context the training loop supplies."""
+@dataclass(frozen=True)
+class Settings:
+    """Every hyper-parameter of one optimizer as ``{key: (value, source)}``, the source "set" (by
+    the caller), "published" or "default" (its constructor's): what ``build`` takes and a run
+    records. The hyper-parameters are the constructor's arguments but params, backend and the
+    context the training loop supplies."""
+
+    optimizer: str
+    entries: dict[str, tuple[object, str]]
+
+    def __getitem__(self, key: str) -> tuple[object, str]:
+        return self.entries[key]
+
+    def items(self):
+        return self.entries.items()
+
+    @property
+    def kwargs(self) -> dict[str, object]:
+        """The values as keyword arguments of the optimizer's constructor."""
+        return {key: value for key, (value, _) in self.entries.items()}
+
+    def __str__(self) -> str:
+        return ", ".join(f"{key} {value} ({source})" for key, (value, source) in self.entries.items())
+
+
+def settings(name: str, defaults: str = "published", options: dict | None = None, **common) -> Settings:
+    """Optimizer ``name``'s ``Settings`` from the ``common`` hyper-parameters chosen (lr,
+    weight_decay, betas, eps) and its own ``options``: each value chosen that is not None ("set"),
+    else its published GPT-2 value ("published"; not with ``defaults="constructor"``), else its
+    constructor's default ("default"). An unknown name or option is refused here, once."""
     key = name.lower()
-    check_options(key, {})
-    gpt2 = published.gpt2_settings(key, chosen)
-    settings = {}
+    if defaults not in ("published", "constructor"):
+        raise ValueError(f"defaults={defaults!r}: use 'published' or 'constructor'")
+    check_options(key, options or {})
+    unknown = sorted(set(common) - set(_COMMON))
+    if unknown:
+        raise TypeError(f"{unknown} are not common hyper-parameters ({', '.join(_COMMON[:-1])}): pass them in options")
+    chosen = {**common, **(options or {})}
+    gpt2 = published.gpt2_settings(key, chosen) if defaults == "published" else {}
+    entries = {}
     for option, parameter in inspect.signature(_REGISTRY[key]).parameters.items():
         if (parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
                 or option in ("params", "backend", *_CONTEXT)):
             continue
         if chosen.get(option) is not None:
-            settings[option] = (chosen[option], published.SET)
+            entries[option] = (chosen[option], published.SET)
         elif option in gpt2:
-            settings[option] = (gpt2[option], published.PUBLISHED)
+            entries[option] = (gpt2[option], published.PUBLISHED)
         elif parameter.default is not parameter.empty:
-            settings[option] = (parameter.default, published.DEFAULT)
+            entries[option] = (parameter.default, published.DEFAULT)
         else:
             raise ValueError(f"optimizer {key!r} needs {option}: set it in the config")
-    return settings
+    return Settings(key, entries)
 
 
-def build(name: str, model_or_named_params, *, lr: float, weight_decay: float = 0.0,
-          betas: tuple[float, float] | None = None, eps: float | None = None,
+def build(optimizer: str | Settings, model_or_named_params, *, defaults: str = "published",
           decay_embeddings: bool = False, batch_tokens: int | None = None, backend: str = "auto",
-          zero_redundancy: bool = False, **options) -> torch.optim.Optimizer:
-    """Create optimizer ``name`` (case-insensitive).
+          zero_redundancy: bool = False, **hyperparameters) -> torch.optim.Optimizer:
+    """Create an optimizer from its ``Settings``, or from its name (case-insensitive) and the
+    ``hyperparameters`` chosen (``lr`` at least), resolved by ``settings``: the unchosen ones are
+    its published GPT-2 values, or with ``defaults="constructor"`` its constructor's defaults.
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
-    matrices only; the hidden matrices apart for a factory whose ``HIDDEN_MATRICES_APART`` is True); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group
-    dicts), passed through unchanged with ``weight_decay`` as the default for every group.
-    ``betas``/``eps`` None keep the optimizer's own defaults. ``backend``: who runs the fused
-    operations, one of ``BACKENDS`` (optim/backends/). ``options`` are optimizer-specific.
-    ``batch_tokens`` (tokens per optimizer step) is context the training loop supplies to every
-    optimizer: it is passed to the factories whose signature takes it (e.g. Sophia-G's Hessian
-    scale, which then requires it) and ignored by the others. ``zero_redundancy``: ZeRO-1, each
-    rank keeps the state of its share of whole parameters (optim/zero.py; needs a process group).
+    matrices only; the hidden matrices apart for a factory whose ``HIDDEN_MATRICES_APART`` is
+    True); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group dicts),
+    passed through unchanged with the weight decay as the default for every group. ``backend``:
+    who runs the fused operations, one of ``BACKENDS`` (optim/backends/). ``batch_tokens`` (tokens
+    per optimizer step) is context the training loop supplies to every optimizer: it is passed to
+    the factories whose signature takes it (e.g. Sophia-G's Hessian scale, which then requires it)
+    and ignored by the others. ``zero_redundancy``: ZeRO-1, each rank keeps the state of its share
+    of whole parameters (optim/zero.py; needs a process group).
     """
-    key = name.lower()
-    check_options(key, options)
+    if isinstance(optimizer, Settings):
+        if hyperparameters:
+            raise TypeError(f"build takes Settings or hyper-parameters, not both: {sorted(hyperparameters)}")
+        key, kwargs = optimizer.optimizer, optimizer.kwargs
+    elif "lr" not in hyperparameters:
+        raise TypeError(f"build({optimizer!r}, ...) needs lr")
+    else:
+        common = {k: v for k, v in hyperparameters.items() if k in _COMMON}
+        options = {k: v for k, v in hyperparameters.items() if k not in _COMMON}
+        key, kwargs = optimizer.lower(), settings(optimizer, defaults, options, **common).kwargs
     factory = _REGISTRY[key]
     if isinstance(model_or_named_params, nn.Module):
         # (A matrix optimizer such as Muon takes the hidden matrices in a group of their own.)
-        params = param_groups(model_or_named_params, weight_decay, decay_embeddings,
+        params = param_groups(model_or_named_params, kwargs["weight_decay"], decay_embeddings,
                               hidden_matrices_apart=getattr(factory, "HIDDEN_MATRICES_APART", False))
     elif decay_embeddings:
         raise ValueError("decay_embeddings=True needs an nn.Module to find the embeddings")
     else:
         params = model_or_named_params
-    kwargs = {"lr": lr, "weight_decay": weight_decay, "backend": backend, **options}
-    if betas is not None:
-        kwargs["betas"] = tuple(betas)
-    if eps is not None:
-        kwargs["eps"] = eps
+    kwargs = {**kwargs, "backend": backend}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
     if "batch_tokens" in inspect.signature(factory).parameters:
         kwargs["batch_tokens"] = batch_tokens
     if zero_redundancy:

@@ -1,4 +1,4 @@
-"""Each optimizer's published GPT-2 hyper-parameters (``optim.hyperparameter_settings`` reads them).
+"""Each optimizer's published GPT-2 hyper-parameters (``optim.settings`` reads them).
 
 A training config leaves a hyper-parameter unset (None) unless the user chooses it; unset, the
 optimizer gets its published GPT-2 setting from ``GPT2`` below, or else its constructor's default.
@@ -52,5 +52,5 @@ def gpt2_settings(name: str, chosen: dict) -> dict:
         settings.update(recipes.get(variant, {}))
     return settings
 
-# Where a resolved value came from (optim.hyperparameter_settings).
+# Where a resolved value came from (optim.settings).
 SET, PUBLISHED, DEFAULT = "set", "published", "default"

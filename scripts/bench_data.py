@@ -104,7 +104,7 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     config = run.config
     model_config = config.model_config(50257)
     model = GPT(model_config)
-    optimizer = optim.build(config.optimizer, model, **run.optimizer_kwargs)
+    optimizer = optim.build(run.optimizer_settings, model)
     block, batch = model_config.block_size, config.micro_batch_size
 
     loader = TokenLoader(data_dir, "train", batch, block, vocab_size=50257)

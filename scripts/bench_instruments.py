@@ -6,10 +6,11 @@ Trains the config's model (on random byte tokens in a temporary folder, so no da
 one rank and two accumulation micro-steps (micro_batch_size = batch_size / 2: the noise scale is
 measured then), and times in this process, medians over --steps:
 
-* an ordinary step (``Trainer.train_step()``: no instrument runs, no host sync);
-* a measured step (``train_step(log_step=True)``: the gradient noise scale's norms, the update
+* an ordinary step (``Trainer.train_step`` of an ordinary step: no instrument runs, no host sync);
+* a measured step (``train_step`` of a log step: the gradient noise scale's norms, the update
   statistics' weight copy and the optimizer's diagnostics), plus what ``log_train`` then computes:
-  the noise-scale estimate, the probe on the probe batch, the statistics' transfer to the host.
+  the parts' measurements (the noise-scale estimate, the memory report, the statistics' transfer
+  to the host), and the probe on the probe batch, timed on its own.
 
 Prints each part in ms and the instruments' overhead at the config's log_interval and at 10:
 (log-step extra) / (log_interval x ordinary step). Then QK-Clip's cost, on every step (its logit
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench_train import ROOT, log_step_ms, paired_ratio, synthetic_trainer
+from scripts.bench_train import ROOT, log_step_ms, ordinary_step, paired_ratio, synthetic_trainer
 
 
 def main(argv=None) -> dict:
@@ -34,6 +35,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     from configs import load_config
+    from training.noise_scale import GradientNoiseScale
     from training.qk_clip import QKClip
 
     overrides = [f"--{item}" for item in args.set]
@@ -43,16 +45,16 @@ def main(argv=None) -> dict:
                                                              f"--micro_batch_size={max(1, config.batch_size // 2)}"],
                                     Path(tmp))
         try:
-            assert trainer.noise_scale is not None, "the noise scale needs accumulation: batch_size >= 2"
+            assert trainer.parts.find(GradientNoiseScale) is not None, "the noise scale needs accumulation: batch_size >= 2"
 
             def clipped():
                 with qk_clip.measuring():
-                    trainer.train_step()
+                    ordinary_step(trainer)
                 qk_clip.apply(torch.ones((), dtype=torch.bool))
 
             step_ms, measured_ms, probe_ms = log_step_ms(trainer, args.steps)
             qk_clip = QKClip(trainer.model, tau=100.0, ctx=trainer.ctx)
-            clipped_ms, clipped_ratio = paired_ratio(clipped, trainer.train_step, args.steps)
+            clipped_ms, clipped_ratio = paired_ratio(clipped, lambda: ordinary_step(trainer), args.steps)
         finally:
             trainer.close()
     config, m = trainer.config, trainer.model_config

@@ -39,6 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.instruments import Probe
+from training.metrics import Speed
+from training.parts import Step
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -92,33 +96,35 @@ def synthetic_trainer(config_path: Path, overrides: list[str], folder: Path, run
     return Trainer(resolve_config(config))
 
 
+def ordinary_step(trainer) -> None:
+    """``Trainer.train_step`` of an ordinary step (no log step), the step counter left as it is."""
+    trainer.train_step(Step(trainer.step + 1))
+
+
 def loop_step(trainer) -> None:
     """An ordinary iteration of Trainer.train()'s loop, without its logging."""
-    _, finite = trainer.train_step()
+    step = Step(trainer.step + 1)
+    trainer.train_step(step)
     trainer.state.step += 1
-    trainer.after_step(finite)
+    trainer.after_step(step)
 
 
 def log_step_ms(trainer, repeats: int) -> tuple[float, float, float]:
-    """(an ordinary ``train_step``, a measured one, the probe), median ms each: what a log step adds
-    is the measured step and the probe less the ordinary step (train.py's log_train reads these)."""
-    from training.instruments import probe_record
+    """(an ordinary ``train_step``, a measured one with the parts' measurements but the probe's,
+    the probe), median ms each: what a log step adds is the measured step and the probe less the
+    ordinary step (train.py's log_train runs these)."""
+    probe = trainer.parts.find(Probe)
+    others = [part for part in trainer.parts if part is not probe]
 
     def measured():
-        trainer.train_step(log_step=True)
-        if trainer.noise_scale is not None:
-            trainer.noise_scale.estimate(trainer.ctx)
-        trainer.update_statistics.pop()
-        trainer.optimizer.pop_diagnostics()
+        step = Step(trainer.step + 1, log=True)
+        trainer.train_step(step)
+        for part in others:
+            part.measure(step)
 
-    probe_batch = trainer.probe_batch.to(trainer.device)
-
-    def probe():
-        with trainer.autocast:
-            probe_record(trainer.model, probe_batch)
-
-    return (median_ms(trainer.train_step, repeats, trainer.device), median_ms(measured, repeats, trainer.device),
-            median_ms(probe, repeats, trainer.device))
+    return (median_ms(lambda: ordinary_step(trainer), repeats, trainer.device),
+            median_ms(measured, repeats, trainer.device),
+            median_ms(lambda: probe.measure(Step(trainer.step, log=True)), repeats, trainer.device))
 
 
 class PhaseClock:
@@ -211,7 +217,7 @@ def main(argv=None) -> dict:
     mean = {name: statistics.fmean(times) for name, times in step_ms.items()}
     tokens_per_s = first.tokens_per_step / (mean[names[0]] / 1e3)
     flops = model.flops_per_token() * tokens_per_s
-    m = first.model_config
+    m, speed = first.model_config, first.parts.find(Speed)
     label = names[0] or config.optimizer
     print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
           f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
@@ -220,8 +226,8 @@ def main(argv=None) -> dict:
     print(f"step {mean[names[0]]:.1f} ms (mean of {args.steps}), {tokens_per_s:,.0f} tokens/s; "
           f"{flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a {peak / 1e9:.1f} GFLOP/s "
           f"{str(first.dtype).removeprefix('torch.')} matmul here"
-          + (f", MFU {100 * model.estimate_mfu(tokens_per_s, first.peak_flops):.1f}% of the nominal peak"
-             if first.peak_flops else ""))
+          + (f", MFU {100 * model.estimate_mfu(tokens_per_s, speed.peak_flops):.1f}% of the nominal peak"
+             if speed.peak_flops else ""))
     results.update(model=config.model, params=model.num_params(), dtype=str(first.dtype), device=str(device),
                    step_ms=mean[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak)
     if args.parts:

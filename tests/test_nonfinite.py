@@ -9,6 +9,8 @@ from configs import load_config
 from helpers import ROOT, TINY_RUN, no_host_reads, train_here
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.noise_scale import GradientNoiseScale
+from training.parts import Step
 from training.run_config import resolve_config
 
 RUN = [*TINY_RUN, "--batch_size=2", "--micro_batch_size=2", "--lr=0.01", "--min_lr=0.0", "--warmup_steps=0"]
@@ -38,8 +40,8 @@ def _poison(trainer, steps):
     """NaN in one gradient element on the given (1-based) optimizer steps."""
     forward_backward = trainer.forward_backward
 
-    def poisoned(loss_fn, **options):
-        loss = forward_backward(loss_fn, **options)
+    def poisoned(loss_fn, *observers):
+        loss = forward_backward(loss_fn, *observers)
         if trainer.step + 1 in steps:
             next(trainer.model.parameters()).grad.view(-1)[0] = float("nan")
         return loss
@@ -53,11 +55,11 @@ def test_skip_leaves_parameters_and_optimizer_state_untouched(byte_shards, tmp_p
     snapshots = {}
     train_step = trainer.train_step
 
-    def recording(log_step=False):
+    def recording(step):
         before = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
-        loss, finite = train_step(log_step)
-        snapshots[trainer.step + 1] = before, finite.item()
-        return loss, finite
+        loss = train_step(step)
+        snapshots[step.number] = before, step.finite.item()
+        return loss
     trainer.train_step = recording
     try:
         trainer.train()
@@ -93,19 +95,19 @@ def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monke
     monkeypatch.chdir(ROOT)
     trainer = _trainer(byte_shards, tmp_path, f"--nonfinite={policy}", f"--optim_backend={optim_backend}",
                        "--optimizer=merit", "--max_steps=4", "--z_loss=1e-4", "--batch_size=4")
-    assert trainer.grad_accum == 2 and trainer.noise_scale is not None
+    assert trainer.grad_accum == 2 and trainer.parts.find(GradientNoiseScale) is not None
     _poison(trainer, {2})
     try:
         before = copy.deepcopy(trainer.model.state_dict())
         for _ in range(3):
             with no_host_reads():
-                trainer.train_step()
+                trainer.train_step(Step(trainer.step + 1))
             trainer.state.step += 1
         moved = not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
         assert moved and trainer.nonfinite.first.item() == 2
         if policy == "skip":
             assert trainer.nonfinite.skipped == 1
-            assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check(lambda first: "")
+            assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check(trainer.step)
         else:
             with pytest.raises(NonFiniteError, match="non-finite gradient at step 2"):
                 trainer.check_finite()

@@ -10,9 +10,11 @@ import torch
 from torch import nn
 
 import optim
+from configs import load_config
 from helpers import require_backend
 from optim import LAMB, MERIT, param_groups
 from optim.backends import cpp
+from training.run_config import resolve_config
 
 STEPS = 20
 # Triton's interpreter runs a launch in milliseconds of Python, so its kernels step through the
@@ -440,8 +442,9 @@ def test_rejects_invalid_hyperparameters(cls, kwargs, bad):
 ])
 def test_rejects_invalid_options(cls, kwargs, bad):
     p = nn.Parameter(torch.zeros(3))
-    with pytest.raises(ValueError, match=bad):
-        optim.build(cls.__name__.lower(), [p], lr=1e-3, **kwargs)
+    if None not in kwargs.values():  # (build reads None as unset: the published or default value)
+        with pytest.raises(ValueError, match=bad):
+            optim.build(cls.__name__.lower(), [p], lr=1e-3, **kwargs)
     with pytest.raises(ValueError, match=bad):
         cls([{"params": [p], **kwargs}])
 
@@ -581,21 +584,36 @@ def test_build_adamw_falls_back_to_foreach_without_fused_kernel():
     assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
 
 
-def test_build_defaults_and_overrides():
+def test_build_gets_the_published_settings_unless_told_otherwise():
+    """A library call resolves as train.py does: what it sets, else the published GPT-2 values
+    (the numbers in docs/optimizers.md), else the constructor's; defaults="constructor" skips the
+    published ones."""
     model = TinyGPT()
     merit = optim.build("MERIT", model, lr=2e-4)
     assert isinstance(merit, MERIT)
-    assert (merit.defaults["betas"], merit.defaults["eps"]) == ((0.9, 0.999), 1e-6)
+    assert (merit.defaults["betas"], merit.defaults["eps"], merit.param_groups[0]["weight_decay"]) == ((0.9, 0.95), 1e-6, 1e-2)
     adamw = optim.build("adamw", model, lr=2e-4)
-    assert (adamw.defaults["betas"], adamw.defaults["eps"]) == ((0.9, 0.999), 1e-8)
+    assert (adamw.defaults["betas"], adamw.defaults["eps"], adamw.param_groups[0]["weight_decay"]) == ((0.9, 0.95), 1e-8, 0.1)
+    # Muon: Moonlight's recipe (AdamW's lr rule, decay 0.1, betas (0.9, 0.95)), as a config gets it.
+    muon = optim.build("muon", model, lr=2e-4)
+    assert (muon.defaults["adjust_lr"], muon.defaults["weight_decay"], muon.defaults["betas"]) == (
+        "match_rms_adamw", 0.1, (0.9, 0.95))
+    config = resolve_config(load_config(None, ["--optimizer=muon", "--lr=2e-4", "--max_steps=1"]))
+    assert optim.build(config.optimizer_settings, model).defaults == muon.defaults
+    constructor = optim.build("merit", model, lr=2e-4, defaults="constructor")
+    assert (constructor.defaults["betas"], constructor.param_groups[0]["weight_decay"]) == ((0.9, 0.999), 0.0)
     merit = optim.build("merit", model, lr=2e-4, betas=[0.9, 0.95], eps=1e-8)
     assert (merit.defaults["betas"], merit.defaults["eps"]) == ((0.9, 0.95), 1e-8)
     lamb = optim.build("lamb", model, lr=2e-4, weight_decay=0.1, bias_correction=True)
     assert isinstance(lamb, LAMB) and lamb.defaults["bias_correction"] is True
-    assert (lamb.defaults["betas"], lamb.defaults["eps"]) == ((0.9, 0.999), 1e-6)
+    assert (lamb.defaults["betas"], lamb.defaults["eps"]) == ((0.9, 0.95), 1e-6)
     # A config's optimizer_options select the ablations; every group gets them.
     merit = optim.build("merit", model, lr=2e-4, maxlamb=True, norm="l2")
     assert all(g["maxlamb"] is True and g["norm"] == "l2" for g in merit.param_groups)
+    with pytest.raises(TypeError, match="needs lr"):
+        optim.build("merit", model)
+    with pytest.raises(TypeError, match="Settings or hyper-parameters, not both"):
+        optim.build(config.optimizer_settings, model, lr=1.0)
 
 
 def test_build_rejects_unknown_names_and_options():

@@ -1,6 +1,6 @@
 """The run state (training/state.py) and the layout that saves and loads it (training/parallel.py),
-on one process: every part comes back as it was saved, a part the checkpoint lacks keeps its fresh
-state, and a part a run does not have is left out. (Across ranks and layouts: tests/test_train.py,
+on one process: every piece and part comes back as it was saved, a part the checkpoint lacks keeps
+its fresh state, and a part without state is not saved. (Across ranks and layouts: tests/test_train.py,
 test_scale_out.py and test_sharded.py resume through train.py.)"""
 import numpy as np
 import torch
@@ -13,6 +13,7 @@ from model import GPT, GPTConfig
 from training.checkpoint import Checkpoint, load_latest
 from training.distributed import Distributed
 from training.parallel import Layout
+from training.parts import Part
 from training.state import LossWindow, RankRNG, RunState
 
 ONE_PROCESS = Distributed(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -30,8 +31,10 @@ def test_the_loss_window_averages_the_kept_steps_and_starts_afresh():
     assert window.pop_mean().item() == 2.0
 
 
-class Counter:
-    """A stateful part as a new component would be: it saves and loads itself."""
+class Counter(Part):
+    """A part with state, as a new component would be: it saves and loads itself."""
+
+    name = "counter"
 
     def __init__(self):
         self.count = 0
@@ -47,39 +50,38 @@ def write_text_shard(tmp_path):
     write_shard(tmp_path / "data" / "train_000000.bin", np.frombuffer(make_text(40, 0).encode(), np.uint8).astype(np.uint16))
 
 
-def make_state(tmp_path, extra=None):
+def make_state(tmp_path, parts=()):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=8, vocab_size=128, n_layer=1, n_head=2, n_embd=16, dropout=0.1))
     optimizer = optim.build("merit", model, lr=1e-2, weight_decay=0.1)
     loader = TokenLoader(tmp_path / "data", "train", 2, 8, prefetch=False)
-    parts = dict(scaler=torch.amp.GradScaler("cpu", enabled=False), train_loader=loader,
-                 train_window=LossWindow(ONE_PROCESS), noise_scale=None, rng=RankRNG(ONE_PROCESS))
     return RunState(model, optimizer, config={"tokenizer": "byte", "optimizer": "merit", "batch_size": 2},
-                    tokens_per_step=16, **{**parts, **(extra or {})})
+                    tokens_per_step=16, parts=[*parts, Part()], scaler=torch.amp.GradScaler("cpu", enabled=False),
+                    train_loader=loader, train_window=LossWindow(ONE_PROCESS), rng=RankRNG(ONE_PROCESS))
 
 
 def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
     write_text_shard(tmp_path)
     state = make_state(tmp_path)
-    assert "noise_scale" not in state.parts  # a part the run has not is left out
+    assert state.parts == {}  # a part without state is not saved
     for _ in range(3):  # a few steps, so the moments, the data position and the RNG have moved
-        x, y = state.parts["train_loader"].next_batch()
+        x, y = state.pieces["train_loader"].next_batch()
         loss = state.model(x, y)[1]
         loss.backward()
         state.optimizer.step()
         state.optimizer.zero_grad()
-        state.parts["train_window"].add(loss.detach(), torch.tensor(True))
+        state.pieces["train_window"].add(loss.detach(), torch.tensor(True))
         state.step += 1
     layout = Layout.of(zero_stage=0, fsdp=False, ctx=ONE_PROCESS)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     layout.save(state, run_dir, keep=1)
-    expected_batch = state.parts["train_loader"].next_batch()[0]
+    expected_batch = state.pieces["train_loader"].next_batch()[0]
     expected_noise = torch.rand(4)  # the RNG continues from the save
 
     resumed = make_state(tmp_path)
     checkpoint, path = load_latest(run_dir, fall_back=False)
-    assert checkpoint.step == 3 and checkpoint.tokens == 48 and checkpoint.noise_scale == {}
+    assert checkpoint.step == 3 and checkpoint.tokens == 48 and checkpoint.parts == {}
     layout.load(resumed, checkpoint, path)
     assert resumed.step == 3
     for (name, p), q in zip(state.model.named_parameters(), resumed.model.parameters(), strict=True):
@@ -87,8 +89,8 @@ def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
     for p, q in zip(state.model.parameters(), resumed.model.parameters()):
         for key, value in state.optimizer.state[p].items():
             assert torch.equal(value, resumed.optimizer.state[q][key]), key
-    assert torch.equal(resumed.parts["train_window"].loss_sum, state.parts["train_window"].loss_sum)
-    assert torch.equal(resumed.parts["train_loader"].next_batch()[0], expected_batch)
+    assert torch.equal(resumed.pieces["train_window"].loss_sum, state.pieces["train_window"].loss_sum)
+    assert torch.equal(resumed.pieces["train_loader"].next_batch()[0], expected_batch)
     assert torch.equal(torch.rand(4), expected_noise)
 
 
@@ -96,14 +98,13 @@ def test_a_part_the_checkpoint_lacks_keeps_its_fresh_state(tmp_path):
     write_text_shard(tmp_path)
     counter = Counter()
     counter.count = 7
-    state = make_state(tmp_path, {"noise_scale": counter})  # (a field of the format, as a new part needs)
+    state = make_state(tmp_path, [counter])
     fields = state.state_dict()
-    assert fields["noise_scale"] == {"count": 7} and fields["model_args"]["n_embd"] == 16
+    assert fields["parts"] == {"counter": {"count": 7}} and fields["model_args"]["n_embd"] == 16
     checkpoint = Checkpoint(model=state.model.state_dict(), optimizer=state.optimizer.state_dict(), **fields)
     fresh = Counter()
-    make_state(tmp_path, {"noise_scale": fresh}).load_state_dict(checkpoint)
+    make_state(tmp_path, [fresh]).load_state_dict(checkpoint)
     assert fresh.count == 7
-    older = Counter()  # a file of a format version before the field: {} keeps the fresh state
-    make_state(tmp_path, {"noise_scale": older}).load_state_dict(
-        Checkpoint(**{**vars(checkpoint), "noise_scale": {}}))
+    older = Counter()  # a checkpoint of a run without the part: it keeps its fresh state
+    make_state(tmp_path, [older]).load_state_dict(Checkpoint(**{**vars(checkpoint), "parts": {}}))
     assert older.count == 0

@@ -18,6 +18,8 @@ from helpers import ROOT, TINY_RUN, make_text, read_metrics, run_train, train_he
 from data.shards import write_shard
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.instruments import Probe
+from training.validation import Validation
 from training.run_config import resolve_config
 
 TINY = [*TINY_RUN, "--log_interval=1", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2"]
@@ -118,10 +120,10 @@ def test_align_documents_reaches_every_loader(byte_shards, tmp_path, monkeypatch
     trainer = Trainer(resolve_config(load_config(None, args(byte_shards, tmp_path, "--align_documents=True", "--max_steps=1", "--warmup_steps=1",
                                                  "--batch_size=2", "--micro_batch_size=2"))))
     eot = trainer.tokenizer.eot_token
-    for loader in (trainer.train_loader, trainer.val_loader):
+    for loader in (trainer.train_loader, trainer.parts.find(Validation).loader):
         assert loader.align_documents and loader.eot_token == eot and loader.vocab_size == trainer.tokenizer.n_vocab
         assert (loader.next_batch()[0][:, 0] == eot).all()
-    assert (trainer.probe_batch[:, 0] == eot).all()
+    assert (trainer.parts.find(Probe).batch[:, 0] == eot).all()
     trainer.close()
 
 
@@ -147,12 +149,12 @@ def small_checkpoint(step: int, value: float) -> Checkpoint:
 def test_incompatible_checkpoint_message(tmp_path):
     with pytest.raises(ValueError, match=r"n_embd: checkpoint 32, now 64"):
         small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 64},
-                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 4},
-                                                  tmp_path)
+                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 4,
+                                                   "stop_at_step": 0}, tmp_path, total_steps=10)
     with pytest.raises(ValueError, match=r"batch_size: checkpoint 4, now 8"):
         small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 32},
-                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 8},
-                                                  tmp_path)
+                                                  {"tokenizer": "byte", "optimizer": "merit", "batch_size": 8,
+                                                   "stop_at_step": 0}, tmp_path, total_steps=10)
 
 
 def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -173,18 +175,22 @@ def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 def test_older_checkpoints_load_and_other_versions_are_refused(tmp_path):
-    fields = vars(small_checkpoint(5, 2.0))
-    # version 1: before optim_backends and train_window; 2: before noise_scale; 3: before tensors
-    added = {1: (), 2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",)}
-    for version in (1, 2, 3):
-        newer = [key for later in range(version + 1, 5) for key in added[later]]
-        torch.save({"format_version": version, **{k: v for k, v in fields.items() if k not in newer}},
-                   tmp_path / f"v{version}.pt")
+    fields = {key: value for key, value in vars(small_checkpoint(5, 2.0)).items() if key != "parts"}
+    noise_scale = {"ema_grad_sq": [1.0], "ema_trace": [3.0]}
+    # version 1: before optim_backends and train_window; 2: before noise_scale; 3: before tensors;
+    # 4: the noise scale's state in a field of its own (version 5 keeps it in parts)
+    added = {2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",)}
+    for version in (1, 2, 3, 4):
+        newer = [key for later in range(version + 1, 5) for key in added.get(later, ())]
+        torch.save({"format_version": version, **{k: v for k, v in {**fields, "noise_scale": noise_scale}.items()
+                                                  if k not in newer}}, tmp_path / f"v{version}.pt")
         old = Checkpoint.load(tmp_path / f"v{version}.pt")
         assert old.step == 5 and old.tensors == "inline" and torch.equal(old.model["w"], torch.full((3,), 2.0))
+        assert old.parts == ({"noise_scale": noise_scale} if version >= 3 else {})
     assert Checkpoint.load(tmp_path / "v1.pt").optim_backends == {}
+    fields = vars(small_checkpoint(5, 2.0))
     torch.save({"format_version": 99, **fields}, tmp_path / "v99.pt")
-    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 4"):
+    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 5"):
         Checkpoint.load(tmp_path / "v99.pt")
     torch.save({"format_version": 2, **fields, "extra": 1}, tmp_path / "extra.pt")
     with pytest.raises(ValueError, match=r"unknown \['extra'\]"):

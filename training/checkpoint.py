@@ -5,7 +5,8 @@ validated. train.py writes and resumes from it; the evaluator, the lm-eval adapt
 and the Hessian script read its model with training/parallel.py's ``load_model``, since the
 layout decides where the tensors are. The file is a dict of the fields below plus
 ``format_version``; older files (version 1 before ``optim_backends`` and ``train_window``,
-version 2 before ``noise_scale``, version 3 before ``tensors``) are read as well.
+version 2 before ``noise_scale``, version 3 before ``tensors``, version 4 with the noise scale's
+state in a field of its own instead of ``parts``) are read as well.
 
 Two layouts, one format:
 
@@ -43,9 +44,19 @@ from model import GPT, GPTConfig
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
 SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Checkpoint beside the DCP files
 NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"}}
+
+
+def _upgraded(state: dict, version: int) -> dict:
+    """The fields of a file of format ``version`` as the current version's."""
+    for newer in range(version + 1, FORMAT_VERSION + 1):
+        state = {**_ADDED_IN.get(newer, {}), **state}
+    if version < 5:  # version 5 keeps the state of every part of the run in ``parts``
+        noise_scale = state.pop("noise_scale", {})
+        state = {**state, "parts": {"noise_scale": noise_scale} if noise_scale else {}}
+    return state
 
 
 def code_version() -> str:
@@ -74,7 +85,7 @@ class Checkpoint:
     code_version: str = field(default_factory=code_version)  # git describe of the sources
     optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
-    noise_scale: dict = field(default_factory=dict)  # GradientNoiseScale.state_dict(): its EMAs
+    parts: dict = field(default_factory=dict)  # {name: state_dict()} of the run's parts with state (training/parts.py)
     # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
     # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
     tensors: str = "inline"
@@ -112,8 +123,7 @@ class Checkpoint:
         version = state.pop("format_version", None) if isinstance(state, dict) else None
         if version not in range(1, FORMAT_VERSION + 1):
             raise ValueError(f"checkpoint {path} has format version {version}, this code reads 1 to {FORMAT_VERSION}")
-        for newer in range(version + 1, FORMAT_VERSION + 1):
-            state = {**_ADDED_IN.get(newer, {}), **state}
+        state = _upgraded(state, version)
         names = {f.name for f in dataclasses.fields(cls)}
         missing, unknown = sorted(names - state.keys()), sorted(state.keys() - names)
         if missing or unknown:
@@ -124,10 +134,11 @@ class Checkpoint:
                              f"{'folder' if path.is_dir() else 'file'}")
         return cls(**state)
 
-    def check_compatible(self, model_args: dict, config: dict, path: Path) -> None:
+    def check_compatible(self, model_args: dict, config: dict, path: Path, total_steps: int) -> None:
         """Refuse to resume a run whose model, tokenizer, optimizer, global batch or seed differs from
         the checkpoint's (a new batch size would make the token counts and the data position wrong;
-        a new seed would be recorded while the RNG continues the old one)."""
+        a new seed would be recorded while the RNG continues the old one), or whose ``total_steps``
+        or ``stop_at_step`` leave nothing to train."""
         mismatches = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
                       for key, value in model_args.items() if self.model_args.get(key) != value]
         mismatches += [f"{key}: checkpoint {self.config.get(key)!r}, now {config[key]!r}"
@@ -136,6 +147,12 @@ class Checkpoint:
         if mismatches:
             raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
                              f"resume with the checkpoint's settings or start a new run_name")
+        if self.step > total_steps:
+            raise ValueError(f"the checkpoint {path} is at step {self.step}, past this config's {total_steps} steps: "
+                             f"raise max_steps (or max_tokens) to continue the run")
+        if 0 < config["stop_at_step"] <= self.step:
+            raise ValueError(f"stop_at_step={config['stop_at_step']} is not past the checkpoint's step {self.step}: "
+                             f"nothing would train; raise stop_at_step or leave it out")
 
     def model_config(self, path: Path) -> GPTConfig:
         """The config of the model this checkpoint holds (``path`` names it in the error)."""

@@ -10,7 +10,9 @@
   (``update_ratio/layer_03/attn_q``), and the max-norm max |W| of Wq and Wk after the step
   (``weight_max_abs/layer_03/attn_q``): the largest of the row maxima MERIT's trust ratios use.
 
-Keys with one "/" are per layer; a per-head key adds a third component.
+Keys with one "/" are per layer; a per-head key adds a third component. Both are parts of a run
+(training/parts.py), measured at log steps: ``Probe``, and ``OptimizerInstruments`` (the update
+statistics with the optimizer's own diagnostics).
 """
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from data.loader import TokenLoader
+from data.shards import list_shards, open_shard
 from model import GPT
+from training.parts import Part, Step
 from optim.sharding import Shards, local
 
 
@@ -60,47 +65,56 @@ class UpdateStatistics:
 
     def __init__(self, model: GPT):
         n_embd = model.config.n_embd
-        # (layer, part, weight, rows of the weight that are the part)
-        self.parts: list[tuple[int, str, Tensor, slice]] = []
+        # (layer, matrix name, weight, rows of the weight that are the matrix)
+        self.matrices: list[tuple[int, str, Tensor, slice]] = []
         for i, block in enumerate(model.transformer.h):
             fused = block.attn.c_attn.weight  # q, k, v stacked on dim 0
             for j, name in enumerate(("attn_q", "attn_k", "attn_v")):
-                self.parts.append((i, name, fused, slice(j * n_embd, (j + 1) * n_embd)))
+                self.matrices.append((i, name, fused, slice(j * n_embd, (j + 1) * n_embd)))
             for name, linear in (("attn_proj", block.attn.c_proj), ("mlp_fc", block.mlp.c_fc),
                                  ("mlp_proj", block.mlp.c_proj)):
-                self.parts.append((i, name, linear.weight, slice(None)))
-        self.weights = list({id(w): w for _, _, w, _ in self.parts}.values())
+                self.matrices.append((i, name, linear.weight, slice(None)))
+        self.weights = list({id(w): w for _, _, w, _ in self.matrices}.values())
         # FSDP2 shards the weights by rows: each rank measures its rows, and one all-reduce of the
         # sums (and one of the maxima) completes the statistics, with no weight gathered.
         self.shards = {id(w): Shards.of(w) for w in self.weights}  # (None for whole weights)
         self.sharded = next(iter(self.shards.values()))
+        self._before: list[Tensor] = []  # the weights' copy while a step is measured
         self._pending: dict[str, Tensor] = {}
 
-    @contextmanager
     @torch.no_grad()
-    def measured(self):
-        """Measure the optimizer step taken inside (FSDP2: on every rank); ``pop`` returns the
-        statistics."""
+    def begin(self) -> None:
+        """Measure the optimizer step that follows (FSDP2: on every rank) until ``end``."""
         weights = [local(w.detach()) for w in self.weights]
-        before = [torch.empty_like(w) for w in weights]
-        torch._foreach_copy_(before, weights)
-        yield
-        saved = {id(w): b for w, b in zip(self.weights, before)}
+        self._before = [torch.empty_like(w) for w in weights]
+        torch._foreach_copy_(self._before, weights)
+
+    @torch.no_grad()
+    def end(self) -> None:
+        """The step since ``begin`` is taken: ``pop`` returns its statistics."""
+        saved, self._before = {id(w): b for w, b in zip(self.weights, self._before)}, []
         squares, maxima, ratio_keys, max_keys = [], [], [], []
-        for layer, part, weight, rows in self.parts:
+        for layer, matrix, weight, rows in self.matrices:
             local_rows = _local(rows, saved[id(weight)].shape[0], self.shards[id(weight)])
             old, new = saved[id(weight)][local_rows], local(weight.detach())[local_rows]
             squares += [(new - old).square().sum(), old.square().sum()]
-            ratio_keys.append(layer_key("update_ratio", layer, part))
-            if part in ("attn_q", "attn_k"):
+            ratio_keys.append(layer_key("update_ratio", layer, matrix))
+            if matrix in ("attn_q", "attn_k"):
                 maxima.append(new.abs().amax() if new.numel() else new.new_zeros(()))
-                max_keys.append(layer_key("weight_max_abs", layer, part))
+                max_keys.append(layer_key("weight_max_abs", layer, matrix))
         squares, maxima = torch.stack(squares), torch.stack(maxima)
         if self.sharded is not None:  # (one process group shards every weight)
             self.sharded.all_reduce(squares, dist.ReduceOp.SUM)
             self.sharded.all_reduce(maxima, dist.ReduceOp.MAX)
-        # The parts' RMS share one element count: their ratio is the ratio of the norms.
+        # The matrices' RMS share one element count: their ratio is the ratio of the norms.
         self._pending = {**dict(zip(ratio_keys, (squares[0::2] / squares[1::2]).sqrt())), **dict(zip(max_keys, maxima))}
+
+    @contextmanager
+    def measured(self):
+        """``begin`` and ``end`` around the optimizer step taken inside."""
+        self.begin()
+        yield
+        self.end()
 
     def pop(self) -> dict[str, float]:
         """The last measured step's statistics as floats (one device-to-host copy); {} if none."""
@@ -116,3 +130,57 @@ def _local(rows: slice, local_rows: int, shards: Shards | None) -> slice:
     first, whole = (0, local_rows) if shards is None else (shards.first_row, shards.rows)
     start, stop, _ = rows.indices(whole)
     return slice(min(max(start - first, 0), local_rows), min(max(stop - first, 0), local_rows))
+
+
+class OptimizerInstruments(Part):
+    """A log step's optimizer step, measured: the optimizer's own diagnostics (optim/: trust
+    ratios, clipping, ...) and the update statistics, on the ranks that hold the measured state
+    (``Layout.measures_optimizer``)."""
+
+    def __init__(self, optimizer, statistics: UpdateStatistics, measures: bool):
+        self.optimizer, self.statistics, self.measures = optimizer, statistics, measures
+
+    @classmethod
+    def build(cls, run) -> OptimizerInstruments:
+        return cls(run.optimizer, UpdateStatistics(run.model), run.layout.measures_optimizer())
+
+    def before_update(self, step: Step) -> None:
+        if step.log and self.measures:
+            self.optimizer.request_diagnostics()
+            self.statistics.begin()
+
+    def after_update(self, step: Step) -> None:
+        if step.log and self.measures:
+            self.statistics.end()
+
+    def measure(self, step: Step) -> dict[str, float]:
+        # (every rank: ZeRO-1 gathers the diagnostics from the ranks that own the state)
+        return {**self.optimizer.pop_diagnostics(), **self.statistics.pop()}
+
+
+class Probe(Part):
+    """``probe_record`` at log steps, on a fixed batch: the first ``probe_batch_size`` sequences
+    of the validation split."""
+
+    def __init__(self, run, batch: Tensor):
+        self.run, self.batch = run, batch
+
+    @classmethod
+    def build(cls, run) -> Probe:
+        config, block = run.config, run.model_config.block_size
+        needed = config.probe_batch_size * block + 1
+        split_tokens = sum(len(open_shard(path)) for path in list_shards(config.data_dir, "val"))
+        if split_tokens < needed:
+            raise ValueError(f"probe_batch_size={config.probe_batch_size} needs {needed:,} validation tokens "
+                             f"(probe_batch_size x block_size {block} + 1), but the 'val' split of {config.data_dir} "
+                             f"has {split_tokens:,}: lower probe_batch_size")
+        loader = TokenLoader(config.data_dir, "val", config.probe_batch_size, block, prefetch=False,
+                             **run.loader_options)
+        return cls(run, loader.next_batch()[0])
+
+    def measure(self, step: Step) -> dict[str, float]:
+        model = self.run.layout.plain_model(self.run.model)  # (FSDP2: gathered, a collective)
+        if not self.run.ctx.is_main:
+            return {}
+        with self.run.autocast:
+            return probe_record(model, self.batch.to(self.run.device))

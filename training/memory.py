@@ -10,6 +10,10 @@ SDPA's fused kernels never store it (CUDA), plus the LM head's logits and their 
 float32. The peak is CUDA's ``max_memory_allocated`` or, on CPU, the process's peak RSS (which
 includes the Python runtime and torch itself, and memory the allocator keeps after freeing it),
 both measured from the end of setup (``reset_peak``).
+
+As a part of a run (``Memory``, training/parts.py) it is logged at every log step and printed
+after the first step of each invocation, when the optimizer state exists: each number the largest
+over the ranks, the first to run out.
 """
 from __future__ import annotations
 
@@ -18,8 +22,11 @@ import sys
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from optim.sharding import local
+from training import distributed
+from training.parts import Part, Step
 
 MIB = 2 ** 20
 
@@ -82,3 +89,29 @@ def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, gradient_copie
     values = {"params": params, "grads": grads, "optimizer_state": optimizer_state_bytes(optimizer),
               "activations_estimate": activations, "peak": peak_bytes(device)}
     return {f"memory/{key}": value / MIB for key, value in values.items()}
+
+
+class Memory(Part):
+    def __init__(self, run):
+        self.run = run
+        self.print_due = False
+
+    def start(self) -> None:
+        reset_peak(self.run.device)  # the reported peak is training's, from here on
+        self.print_due = True
+
+    def after_step(self, step: Step) -> None:
+        if self.print_due:  # the optimizer state exists from the first step on
+            self.print_due = False
+            largest = self.measure(step)
+            if self.run.ctx.is_main:
+                tqdm.write(f"memory per rank ({self.run.layout.strategy}, the largest of {self.run.ctx.world_size}, MiB): "
+                      + ", ".join(f"{key.removeprefix('memory/')} {value:.1f}" for key, value in largest.items()))
+
+    def measure(self, step: Step) -> dict[str, float]:
+        """This rank's ``report``, each number the largest over the ranks (every rank calls it)."""
+        run = self.run
+        mine = report(run.model, run.optimizer, gradient_copies=run.layout.gradient_copies,
+                      micro_batch=run.config.micro_batch_size, compute_dtype=run.dtype, device=run.device)
+        ranks = distributed.all_gather_objects(mine, run.ctx)
+        return {key: max(rank[key] for rank in ranks) for key in mine}

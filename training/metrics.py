@@ -2,6 +2,9 @@
 
 wandb is a convenience, never a dependency of training: if it is missing, cannot start or
 fails while logging, a warning is printed and the run goes on with the JSONL file alone.
+``MetricsLog`` is the logger as a part of a run (training/parts.py): the main rank logs every
+record, and the optimizer's implementation once at the start (``run_info``). ``Speed`` is the
+run's speed at log steps.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ import math
 import os
 import secrets
 import string
+import time
 import warnings
 from pathlib import Path
 
 from atomic import atomic_write
+from training.parts import Part
 
 
 # Dense bf16 peak FLOP/s of common training GPUs, by a part of their device name, for MFU.
@@ -102,6 +107,61 @@ class MetricsLogger:
                 self._wandb.finish()
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"wandb.finish failed ({e})")
+
+
+class Speed(Part):
+    """``tokens_per_s`` at log steps: the tokens trained since the last log step per second of
+    wall time, everything included (the instruments, validation, checkpoints; the device waited
+    for at log steps only), and ``mfu`` where the device's peak FLOP/s is known (the config's
+    ``peak_flops``, else the GPU's by its name)."""
+
+    def __init__(self, run):
+        self.run = run
+        self.peak_flops = run.config.peak_flops
+        if self.peak_flops is None and run.device.type == "cuda":
+            import torch  # (a CUDA device: torch is loaded)
+            self.peak_flops = peak_bf16_flops(torch.cuda.get_device_name(run.device))
+        self.start()
+
+    def start(self) -> None:
+        self.since, self.steps = time.perf_counter(), 0
+
+    def after_step(self, step) -> None:
+        self.steps += 1
+
+    def measure(self, step) -> dict[str, float]:
+        if self.run.device.type == "cuda":
+            import torch
+            torch.cuda.synchronize(self.run.device)
+        now = time.perf_counter()
+        tokens_per_s = self.steps * self.run.tokens_per_step / (now - self.since)
+        self.since, self.steps = now, 0
+        record = {"tokens_per_s": tokens_per_s}
+        if self.peak_flops:
+            record["mfu"] = self.run.model.estimate_mfu(tokens_per_s / self.run.ctx.world_size, self.peak_flops)
+        return record
+
+
+class MetricsLog(Part):
+    def __init__(self, run):
+        self.run = run
+        self.logger: MetricsLogger | None = None  # the main rank's, from the start
+
+    def start(self) -> None:
+        run, config = self.run, self.run.config
+        if run.ctx.is_main:
+            self.logger = MetricsLogger(run.run_dir, config.to_dict(), wandb_mode=config.wandb_mode,
+                                        project=config.wandb_project, entity=config.wandb_entity,
+                                        group=config.wandb_group, resume_step=run.step if run.resuming else None)
+            self.logger.log_run_info({"optim_backend": config.optim_backend, **run.optimizer.backends()})
+
+    def record(self, metrics: dict) -> None:
+        self.logger.log(metrics)
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
 
 
 def _step_of(line: str) -> float | None:

@@ -20,6 +20,10 @@ One rank without accumulation has one batch size only: there is nothing to estim
 norms are averaged over micro-steps and ranks (one all-reduce of a few scalars per log step). Both
 estimates are noisy, and |G|^2 can come out negative; B_simple is the ratio of their EMAs over log
 steps (the paper's advice), for all parameters and for the attention q/k rows alone.
+
+As a part of a run (training/parts.py) it measures the log steps' gradients, logs its estimates
+with them and keeps its EMAs in the checkpoint; it is off where it cannot measure: one rank
+without accumulation, and FSDP2, under which no rank holds a whole micro-batch gradient.
 """
 import math
 
@@ -29,6 +33,7 @@ from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from training import distributed
+from training.parts import Part, Step
 
 # A group of parameter slices: (parameter, the rows of it in the group).
 Group = list[tuple[Tensor, slice]]
@@ -41,7 +46,9 @@ def gpt_groups(model) -> dict[str, Group]:
     return {"all": [(p, slice(None)) for p in model.parameters()], "attn_qk": qk}
 
 
-class GradientNoiseScale:
+class GradientNoiseScale(Part):
+    name = "noise_scale"
+
     def __init__(self, groups: dict[str, Group], micro_tokens: int, grad_accum: int, world_size: int,
                  ema: float = 0.9):
         self.names = list(groups)
@@ -61,6 +68,27 @@ class GradientNoiseScale:
     @staticmethod
     def possible(grad_accum: int, world_size: int) -> bool:
         return grad_accum * world_size > 1
+
+    # --- as a part of a run ---
+    @classmethod
+    def build(cls, run) -> "GradientNoiseScale | None":
+        if not (cls.possible(run.grad_accum, run.ctx.world_size) and run.layout.holds_whole_gradients):
+            return None
+        part = cls(gpt_groups(run.model), run.config.micro_batch_size * run.model_config.block_size, run.grad_accum,
+                   run.ctx.world_size, run.config.noise_scale_ema)
+        part.run = run
+        return part
+
+    def start(self) -> None:
+        if self.in_comm_hook:
+            self.run.train_model.register_comm_hook(None, self.comm_hook)
+
+    def before_step(self, step: Step) -> None:
+        if step.log:
+            self.begin(self.run.scaler.get_scale())  # (1.0 without float16)
+
+    def measure(self, step: Step) -> dict[str, float]:
+        return self.estimate(self.run.ctx)
 
     # --- measuring one optimizer step (on every rank) ---
     def begin(self, loss_scale: float = 1.0) -> None:

@@ -3,7 +3,8 @@
 Every count lives on the device and is updated there each step, so ordinary steps make no host
 sync; the loop reads it where it syncs anyway (log steps, checkpoints) through ``check``. With
 "skip" the optimizer drops a flagged update on the device (``step_unless``), so a run of skipped
-steps is noticed at the next log step: by then nothing was applied, only compute was spent.
+steps is noticed at the next log step: by then nothing was applied, only compute was spent. A
+stop names the checkpoint to go back to (``recovery_advice``), from the steps the run saved.
 """
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +20,12 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteSteps:
-    def __init__(self, policy: str, max_in_a_row: int, device: torch.device):
+    def __init__(self, policy: str, max_in_a_row: int, device: torch.device, run_dir: Path,
+                 checkpoint_steps: list[int]):
+        """``checkpoint_steps``: the steps of the checkpoints the run writes (and the one it
+        resumed), oldest first; the run appends to it."""
         self.policy, self.max_in_a_row = policy, max_in_a_row
+        self.run_dir, self.checkpoint_steps = run_dir, checkpoint_steps
         count = lambda value=0: torch.full((), value, dtype=torch.long, device=device)  # noqa: E731
         self.first = count(-1)           # the first non-finite step ("stop" raises at it)
         self.last = count(-1)            # the latest one
@@ -39,21 +44,24 @@ class NonFiniteSteps:
         self.limit_reached_at = torch.where((self.limit_reached_at < 0) & (self.in_a_row >= self.max_in_a_row),
                                             step, self.limit_reached_at)
 
-    def check(self, last_good: Callable[[int], str]) -> str | None:
-        """Raise NonFiniteError if the policy says stop, with ``last_good(first non-finite step)``,
-        the sentence about which checkpoint to go back to; else a line about the steps skipped
-        since the last check (None if there were none). One host read."""
+    def check(self, step: int, parameters_finite: Callable[[], bool] = lambda: True) -> str | None:
+        """Raise NonFiniteError if the policy says stop, or if ``parameters_finite()`` says the
+        parameters are not (whatever made them so: never save them), naming the checkpoint to go
+        back to; else a line about the steps skipped since the last check (None if there were
+        none). One host read, and the parameters' check."""
         first, last, total, limit_at = torch.stack([self.first, self.last, self.total,
                                                     self.limit_reached_at]).tolist()
-        last_good = last_good(first)
-        if self.policy == "stop":
-            if first >= 0:
-                raise NonFiniteError(f"non-finite gradient at step {first}: stopping without saving. {last_good}. "
-                                     f"To drop such steps instead, set nonfinite='skip'")
-            return None
-        if limit_at >= 0:
+        last_good = recovery_advice(self.run_dir, self.checkpoint_steps, first)
+        if self.policy == "stop" and first >= 0:
+            raise NonFiniteError(f"non-finite gradient at step {first}: stopping without saving. {last_good}. "
+                                 f"To drop such steps instead, set nonfinite='skip'")
+        if self.policy == "skip" and limit_at >= 0:
             raise NonFiniteError(f"{self.max_in_a_row} steps in a row had a non-finite gradient (the last at step "
                                  f"{limit_at}); stopping. {last_good}")
+        if not parameters_finite():
+            raise NonFiniteError(f"the parameters are not finite at step {step}: stopping without saving. {last_good}")
+        if self.policy == "stop":
+            return None
         new, self.reported = total - self.reported, total
         if not new:
             return None
@@ -66,14 +74,14 @@ class NonFiniteSteps:
         return int(self.total)
 
 
-def recovery_advice(run_dir: Path, last_checkpoint_step: int | None, checkpoint_steps: list[int],
-                    first_nonfinite: int = -1) -> str:
+def recovery_advice(run_dir: Path, checkpoint_steps: list[int], first_nonfinite: int = -1) -> str:
     """Which checkpoint of ``run_dir`` to go back to (``checkpoint_steps``: this invocation's, and the
     resumed one, oldest first). A checkpoint written after a skipped (non-finite) step holds
     weights the steps around it may have driven off (|w| of 1e5 after an lr of 1e6 is finite):
     the one before the first non-finite step is named too."""
-    if last_checkpoint_step is None:
+    if not checkpoint_steps:
         return "No checkpoint was written yet"
+    last_checkpoint_step = checkpoint_steps[-1]
     newest = (f"The last good checkpoint is {run_dir / CHECKPOINT_NAME} at step {last_checkpoint_step}: "
               f"resume it with --resume, e.g. with a lower lr")
     if first_nonfinite < 0 or last_checkpoint_step < first_nonfinite:

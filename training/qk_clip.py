@@ -8,6 +8,10 @@ with S_max > tau has its query and key rows of ``c_attn`` (weights and biases) s
 sqrt(tau / S_max), so that logit would have been tau; every other weight is untouched. It acts on
 the weights, so it composes with every optimizer and layout: under FSDP2 each rank scales the
 rows it holds. All of it stays on the device: no host sync.
+
+As a part of a run (training/parts.py, on when ``qk_clip_tau`` is set) it measures from
+``before_step`` to ``after_reduce`` (the training passes; an optimizer's extra pass is not
+measured), clips in ``after_step`` and logs its statistics at log steps.
 """
 from __future__ import annotations
 
@@ -16,42 +20,72 @@ from functools import partial
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from model import GPT
 from optim.sharding import Shards, local
 from training import distributed
 from training.distributed import Distributed
 from training.instruments import layer_key
+from training.parts import Part, Step
 
 
-class QKClip:
+class QKClip(Part):
     def __init__(self, model: GPT, tau: float, ctx: Distributed):
-        if model.config.qk_norm is not None:  # (a config says why: configs/__init__.py, qk_clip_tau)
-            raise ValueError("QK-Clip scales W_q and W_k, which QK-Norm's normalisation undoes")
         self.tau, self.ctx = tau, ctx
         self.attentions = [block.attn for block in model.transformer.h]
         self.n_embd, self.n_head = model.config.n_embd, model.config.n_head
         self.max_logits: Tensor | None = None  # (n_layer, n_head): the last measured step's S_max
+        self._running: list[Tensor] = []  # per layer, while measuring: each head's largest logit so far
+        self._handles = []
         self._record: dict[str, Tensor] = {}
+
+    @classmethod
+    def build(cls, run) -> QKClip | None:
+        # (configs/__init__.py refuses qk_clip_tau with QK-Norm, whose normalisation undoes the clip)
+        return cls(run.model, run.config.qk_clip_tau, run.ctx) if run.config.qk_clip_tau is not None else None
+
+    def start(self) -> None:
+        if self.ctx.is_main:
+            tqdm.write(f"QK-Clip: after every step, each head's largest attention logit on the step's batch capped at "
+                  f"{self.tau:g}")
+
+    def before_step(self, step: Step | None = None) -> None:
+        """Measure from here: every layer's hook keeps each head's largest logit."""
+        device = self.attentions[0].c_attn.weight.device
+        self._running = [torch.full((self.n_head,), float("-inf"), device=device) for _ in self.attentions]
+        self._handles = [attention.register_logit_max_hook(partial(self._keep_larger, layer))
+                         for layer, attention in enumerate(self.attentions)]
+
+    def _keep_larger(self, layer: int, maxima: Tensor) -> None:
+        self._running[layer] = torch.maximum(self._running[layer], maxima)
+
+    def after_reduce(self) -> None:
+        """Stop measuring: ``max_logits`` holds this rank's maxima over the passes since ``before_step``."""
+        self.max_logits = torch.stack(self._running)
+        self.close()
 
     @contextmanager
     def measuring(self):
-        """Around a step's training forwards and backwards: every layer's hook keeps each head's
-        largest logit over them; ``max_logits`` holds the maxima afterwards (this rank's)."""
-        device = self.attentions[0].c_attn.weight.device
-        running = [torch.full((self.n_head,), float("-inf"), device=device) for _ in self.attentions]
-
-        def keep_larger(layer: int, maxima: Tensor) -> None:
-            running[layer] = torch.maximum(running[layer], maxima)
-
-        handles = [attention.register_logit_max_hook(partial(keep_larger, layer))
-                   for layer, attention in enumerate(self.attentions)]
+        """``before_step`` and ``after_reduce`` around a block of forward and backward passes."""
+        self.before_step()
         try:
             yield
-            self.max_logits = torch.stack(running)
-        finally:
-            for handle in handles:
-                handle.remove()
+        except BaseException:
+            self.close()
+            raise
+        self.after_reduce()
+
+    def after_step(self, step: Step) -> None:
+        self.apply(step.finite, record=step.log)
+
+    def measure(self, step: Step) -> dict[str, float]:
+        return self.pop()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     @torch.no_grad()
     def apply(self, kept: Tensor, record: bool = False) -> None:

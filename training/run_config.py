@@ -4,9 +4,9 @@ The schema (configs/__init__.py) checks what a config says by itself. What it ca
 alone is checked here, before a run writes anything: the optimizer's name and options against
 the registry, the optimizer backend, and the device against the machine. (The zero-shot tasks
 are the evaluator's, which nothing in training/ imports: train.py checks them at start-up.) Then
-every hyper-parameter of the optimizer is resolved, with its source:
+every hyper-parameter of the optimizer is resolved once, with its source (``optim.Settings``):
 "set" by the config, its "published" GPT-2 value (optim/published.py) or its constructor's
-"default". The resolved config is what the run trains with and records (config.json, every
+"default"; the run builds its optimizer from them. The resolved config is what the run trains with and records (config.json, every
 checkpoint, wandb); resolving a recorded config gives it back.
 """
 from __future__ import annotations
@@ -24,19 +24,33 @@ from optim.backends import check_setting
 @dataclass(frozen=True)
 class RunConfig:
     config: TrainConfig  # every optimizer hyper-parameter filled in: what the run trains with and records
-    optimizer_settings: dict[str, tuple[object, str]]  # {hyper-parameter: (value, "set" | "published" | "default")}
+    optimizer_settings: optim.Settings  # {hyper-parameter: (value, "set" | "published" | "default")}
 
-    @property
-    def optimizer_kwargs(self) -> dict[str, object]:
-        """The optimizer's hyper-parameters as keyword arguments of ``optim.build``."""
-        return {key: value for key, (value, _) in self.optimizer_settings.items()}
+    def build_optimizer(self, model, **context) -> torch.optim.Optimizer:
+        """``optim.build`` of the run's settings (``context``: its layout and batch); a value the
+        optimizer refuses is named with the config key that sets it."""
+        try:
+            return optim.build(self.optimizer_settings, model, **context)
+        except ValueError as error:
+            raise ValueError(f"optimizer={self.config.optimizer!r} refuses its settings ({self.optimizer_settings}): "
+                             f"{error}; betas are set by beta1 and beta2, lr, weight_decay and eps by their keys, "
+                             f"the others in optimizer_options") from error
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype a config's ``dtype`` asks for on ``device`` ("auto": bfloat16 where the GPU has it)."""
+    if name == "auto":
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if use_bf16 else torch.float32
+    return getattr(torch, name)
 
 
 def resolve_config(config: TrainConfig) -> RunConfig:
     """Check ``config`` against the registries and the machine (a ConfigError that names the key
     and the fix), then resolve its optimizer's hyper-parameters."""
     try:
-        optim.check_options(config.optimizer, config.optimizer_options)
+        settings = optim.settings(config.optimizer, options=config.optimizer_options, lr=config.lr,
+                                  weight_decay=config.weight_decay, eps=config.eps)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"optimizer={config.optimizer!r}, optimizer_options={config.optimizer_options!r}: "
                           f"{error}") from error
@@ -48,13 +62,11 @@ def resolve_config(config: TrainConfig) -> RunConfig:
         raise ConfigError("device='cuda', but this torch sees no CUDA device: use device='auto' or 'cpu', or "
                           "install a CUDA build of torch")
 
-    chosen = {"lr": config.lr, "weight_decay": config.weight_decay, "eps": config.eps, **config.optimizer_options}
     if (config.beta1, config.beta2) != (None, None):  # one beta set: the other keeps its unset value
-        unset = optim.hyperparameter_settings(config.optimizer, {"lr": config.lr})["betas"][0]
-        chosen["betas"] = (unset[0] if config.beta1 is None else config.beta1,
-                           unset[1] if config.beta2 is None else config.beta2)
-    settings = optim.hyperparameter_settings(config.optimizer, chosen)
-    values = RunConfig(config, settings).optimizer_kwargs
+        unset = settings["betas"][0]
+        betas = (unset[0] if config.beta1 is None else config.beta1, unset[1] if config.beta2 is None else config.beta2)
+        settings = optim.Settings(settings.optimizer, {**settings.entries, "betas": (betas, "set")})
+    values = settings.kwargs
     betas = values.pop("betas", (None, None))
     resolved = dataclasses.replace(config, lr=values.pop("lr"), weight_decay=values.pop("weight_decay", None),
                                    eps=values.pop("eps", None), beta1=betas[0], beta2=betas[1],

@@ -1,12 +1,13 @@
 """A run's state, with one owner: everything a checkpoint holds.
 
-Each part saves and loads itself (torchtitan's ``Stateful`` idea: ``state_dict`` /
-``load_state_dict``): the GradScaler, the training loader's position, every rank's RNG states,
-the train-loss window since the last log step and the gradient noise scale's EMAs. ``RunState``
-collects them, keyed by their ``Checkpoint`` field (training/checkpoint.py), with the step
-counter, the model and the optimizer; the layout (training/parallel.py) saves and loads it, and
-is the only code that knows how the model and the optimizer state are written (inline, ZeRO-1
-consolidated or DCP shards). Adding a stateful part is one keyword argument of ``RunState``.
+Each piece saves and loads itself (torchtitan's ``Stateful`` idea: ``state_dict`` /
+``load_state_dict``): the loop's own (the GradScaler, the training loader's position, every rank's
+RNG states, the train-loss window since the last log step), each keyed by its ``Checkpoint``
+field (training/checkpoint.py), and the run's parts with state (training/parts.py: the gradient
+noise scale's EMAs, a config's extra parts), kept in the ``parts`` field by their names.
+``RunState`` collects them with the step counter, the model and the optimizer; the layout
+(training/parallel.py) saves and loads it, and is the only code that knows how the model and the
+optimizer state are written (inline, ZeRO-1 consolidated or DCP shards).
 
 ``state_dict`` and ``load_state_dict`` are called on every rank, in step: parts that hold one
 value per rank gather them (a collective).
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from training import distributed
 from training.distributed import Distributed
+from training.parts import Part
 
 
 class Stateful(Protocol):
@@ -29,16 +31,18 @@ class Stateful(Protocol):
 
 
 class RunState:
-    """The step counter, the model, the optimizer and the stateful ``parts`` (``{Checkpoint field:
-    part}``; a part that is None, which this run has not, is left out), plus what a checkpoint
-    records of the run: ``config`` (the resolved config's dict). Parts load in their order."""
+    """The step counter, the model, the optimizer, the loop's stateful ``pieces`` (``{Checkpoint
+    field: piece}``) and the run's ``parts`` (those with a ``name`` have state), plus what a
+    checkpoint records of the run: ``config`` (the resolved config's dict). Pieces load in their
+    order, then parts in theirs."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict, tokens_per_step: int,
-                 **parts: Stateful):
+                 parts: list[Part] = (), **pieces: Stateful):
         self.model, self.optimizer, self.config = model, optimizer, config
         self.tokens_per_step = tokens_per_step
         self.step = 0  # optimizer steps taken
-        self.parts = {name: part for name, part in parts.items() if part is not None}
+        self.pieces = pieces
+        self.parts = {part.name: part for part in parts if part.name is not None}
 
     @property
     def tokens(self) -> int:
@@ -48,17 +52,21 @@ class RunState:
         """The ``Checkpoint`` fields but the model's and the optimizer's tensors (every rank)."""
         return {"step": self.step, "tokens": self.tokens, "config": self.config,
                 "model_args": vars(self.model.config).copy(), "optim_backends": self.optimizer.backends(),
-                **{name: part.state_dict() for name, part in self.parts.items()}}
+                **{name: piece.state_dict() for name, piece in self.pieces.items()},
+                "parts": {name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, checkpoint) -> None:
         """Continue from ``checkpoint`` (a ``Checkpoint``; its model and optimizer state are the
-        layout's to load). A part whose field is empty (a file of an older format version, a run
-        without that part) keeps its fresh state."""
+        layout's to load). A piece whose field is empty (a file of an older format version), or a
+        part the checkpoint has no state of (a run without that part), keeps its fresh state."""
         self.step = checkpoint.step
-        for name, part in self.parts.items():
+        for name, piece in self.pieces.items():
             saved = getattr(checkpoint, name)
             if saved:
-                part.load_state_dict(saved)
+                piece.load_state_dict(saved)
+        for name, part in self.parts.items():
+            if name in checkpoint.parts:
+                part.load_state_dict(checkpoint.parts[name])
 
 
 class RankRNG:

@@ -1,0 +1,80 @@
+"""The console as a part of a run (training/parts.py): what the run is at the start, a progress
+bar, the run-level numbers of every record (per-parameter series go to the metrics log only) with
+the max attention logit per layer, and at the end the final numbers and, if asked, a sample. Only
+the main rank writes."""
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from training.instruments import is_layer_key
+from training.parts import Part, Step
+
+RUN_LEVEL = ("train/", "val/", "heldout/", "zero_shot/")  # the prefixes of the series a record line shows
+
+
+class Console(Part):
+    def __init__(self, run):
+        self.run = run
+        self.latest = {}  # the last value of every logged metric, for the final summary
+        self.progress = tqdm(disable=True)  # (the run's bar from the start)
+
+    def start(self) -> None:
+        run = self.run
+        if run.ctx.is_main:
+            self.describe()
+        self.progress = tqdm(total=run.total_steps, initial=run.step, disable=not run.ctx.is_main, unit="step",
+                             dynamic_ncols=True)
+
+    def describe(self) -> None:
+        run, c, m = self.run, self.run.config, self.run.model_config
+        lines = [
+            f"run folder {run.run_dir}: config.json, metrics.jsonl, checkpoints",
+            f"model {c.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
+            f"vocab {m.vocab_size}, {run.model.num_params() / 1e6:.2f}M parameters",
+            f"optimizer {c.optimizer} lr {c.lr} -> {c.min_lr} ({c.lr_schedule}, warmup {run.warmup_steps}); "
+            f"global batch {c.batch_size} x {m.block_size} tokens = micro {c.micro_batch_size} x "
+            f"{run.ctx.world_size} ranks x {run.grad_accum} accumulation; {run.total_steps} steps "
+            f"on {run.device} ({run.layout.strategy})",
+            f"optimizer {c.optimizer} hyper-parameters: {run.optimizer_settings}",
+            f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{run.optimizer.describe()}"]
+        for line in lines:
+            tqdm.write(line)
+
+    def after_step(self, step: Step) -> None:
+        self.progress.update()
+
+    def record(self, metrics: dict) -> None:
+        self.latest.update(metrics)
+        tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+                            if "/" not in k or k.startswith(RUN_LEVEL)))
+        max_logits = [metrics[k] for k in sorted(metrics) if is_layer_key(k, "max_logit")]
+        if max_logits:
+            tqdm.write("  max attention logit per layer: " + " ".join(f"{v:.2f}" for v in max_logits))
+        if "train/loss" in metrics and max_logits:
+            self.progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", max_logit=f"{max(max_logits):.1f}")
+
+    def finish(self) -> None:
+        """The final numbers and a sample (every rank: FSDP2 gathers the model for the sample)."""
+        run = self.run
+        sampler = run.layout.plain_model(run.model) if run.config.sample_tokens else None
+        self.progress.close()
+        if not run.ctx.is_main:
+            return
+        max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if is_layer_key(k, "max_logit")]
+        print(f"finished {run.step} steps ({run.state.tokens:,} tokens): val loss {self.latest['val/loss']:.4f}, "
+              f"max attention logit per layer {' '.join(max_logits)}")
+        if sampler is not None:
+            print(f"sample:\n{self.sample(sampler, run.config.sample_tokens)}")
+
+    def sample(self, model, max_new_tokens: int) -> str:
+        run = self.run
+        start = torch.tensor([[run.tokenizer.eot_token]], device=run.device)
+        generator = torch.Generator(run.device).manual_seed(run.config.seed)
+        with run.autocast:
+            out = model.generate(start, max_new_tokens, temperature=0.8, top_k=200, generator=generator,
+                                 n_vocab=run.tokenizer.n_vocab)
+        return run.tokenizer.decode(out[0, 1:].tolist())
+
+    def close(self) -> None:
+        self.progress.close()

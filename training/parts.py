@@ -1,0 +1,134 @@
+"""What takes part in a run beside the model and the optimizer: parts with one lifecycle.
+
+The instruments, QK-Clip, the gradient noise scale, validation, zero-shot evaluation, the metrics
+log and the console are parts; train.py registers them in one list (``PARTS``) and the loop calls
+the list, so a new feature is a new part, not new lines in the loop. A config adds its own parts
+with ``extra_parts`` ("module:Class", comma-separated), as tests/test_parts.py does.
+
+A part is built by its class's ``build(run)`` from the run (train.py's ``Trainer``: the resolved
+``config``, ``model``, ``optimizer``, ``layout``, ``ctx``, ``device``, ``autocast`` ...), after
+the model and optimizer and before anything is written; it returns None where the config does not
+ask for it, and raises a ValueError naming the key where the config asks for something
+impossible. The loop then calls every part, in the list's order, at these moments (each is
+optional: the base class's do nothing):
+
+=========================  =================================================================
+``start()``                the loop begins (after a resume), the run folder prepared
+``before_step(step)``      before the step's forward and backward passes
+``after_backward(i)``      after micro-batch i's backward (its gradient accumulated in .grad)
+``after_reduce()``         the step's gradient is complete: all-reduced and unscaled, not clipped
+``before_update(step)``    just before the optimizer step ...
+``after_update(step)``     ... and just after it
+``after_step(step)``       after the update, before anything reads the weights (``step.finite``)
+``measure(step)``          at a log step: the part's metrics, logged with the train loss
+``evaluate(step)``         after each step (and before the first at step 0): an evaluation's
+                           metrics where one is due, else {}; then the checkpoint, if due
+``record(metrics)``        a record is logged: the sinks (metrics file, wandb, console)
+``finish()``               the run reached its last step
+``close()``                the run ends: finished, stopped or failed
+=========================  =================================================================
+
+Every rank calls every moment but ``record`` (the main rank's), in step with the others, so a
+part may run collectives there; the metrics of the main rank are the ones logged. On an ordinary
+step the moments up to ``after_step`` run: they must not wait for the device (no ``.item()``), so
+the loop never syncs with the host between log steps.
+
+A part with state sets ``name`` and has ``state_dict`` / ``load_state_dict``: the checkpoint keeps
+it under ``parts[name]`` (training/state.py), and a resumed run continues it; a checkpoint without
+the part's state (an older run, the part added since) leaves it fresh.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class Step:
+    """The optimizer step the loop is taking (``number``, 1-based; 0 before the first step)."""
+
+    number: int
+    log: bool = False  # a log step: measured (a host sync), its metrics logged
+    final: bool = False  # the run's last step
+    finite: Tensor | None = None  # after the update: whether the gradient was finite (a 0-d bool tensor)
+
+
+class Part:
+    """Something that takes part in a run (see the module's docstring for the moments)."""
+
+    name: str | None = None  # the key of its state in a checkpoint; None: it has no state
+
+    @classmethod
+    def build(cls, run) -> Part | None:
+        """The part for ``run``, None where its config does not ask for it (by default: made
+        from the run by the constructor)."""
+        return cls(run)
+
+    def start(self) -> None: ...
+
+    def before_step(self, step: Step) -> None: ...
+
+    def after_backward(self, micro_step: int) -> None: ...
+
+    def after_reduce(self) -> None: ...
+
+    def before_update(self, step: Step) -> None: ...
+
+    def after_update(self, step: Step) -> None: ...
+
+    def after_step(self, step: Step) -> None: ...
+
+    def measure(self, step: Step) -> dict:
+        return {}
+
+    def evaluate(self, step: Step) -> dict:
+        return {}
+
+    def record(self, metrics: dict) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def imported(names: str) -> list[type[Part]]:
+    """The part classes that ``extra_parts`` names ("package.module:Class", comma-separated)."""
+    classes = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        module, _, attribute = name.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ValueError(f"extra_parts={names!r}: {name!r} cannot be imported ({error}); name each part as "
+                             f"'package.module:Class', importable from the working directory") from error
+        if not (isinstance(found, type) and issubclass(found, Part)):
+            raise ValueError(f"extra_parts={names!r}: {name!r} is not a subclass of training.parts.Part")
+        classes.append(found)
+    return classes
+
+
+class Parts(list):
+    """A run's parts, in the order the loop calls them."""
+
+    @classmethod
+    def build(cls, classes, run) -> Parts:
+        """The parts of ``classes`` that the run's config asks for, in that order."""
+        return cls(part for kind in classes if (part := kind.build(run)) is not None)
+
+    def call(self, moment: str, *args) -> None:
+        """Tell every part about a moment of the run."""
+        for part in self:
+            getattr(part, moment)(*args)
+
+    def collect(self, moment: str, step: Step) -> dict:
+        """The metrics every part returns at ``moment`` ("measure" or "evaluate"), merged."""
+        metrics = {}
+        for part in self:
+            metrics.update(getattr(part, moment)(step))
+        return metrics
+
+    def find(self, kind: type[Part]) -> Part | None:
+        """The part of class ``kind``, None if the run has none."""
+        return next((part for part in self if isinstance(part, kind)), None)
