@@ -12,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -36,6 +37,9 @@ def atomic_write(path, mode: str = "wb", size_hint: int | None = None) -> Iterat
                 os.fsync(raw.fileno())
             except Exception as error:
                 if f.disk_full or getattr(error, "errno", None) == errno.ENOSPC:
+                    # Closing flushes what is still buffered: ENOSPC again, which would replace this message.
+                    with contextlib.suppress(OSError):
+                        raw.close()
                     raise _disk_full(path, f.written, size_hint) from error
                 raise
         publish(tmp, path)

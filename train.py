@@ -119,7 +119,7 @@ class Trainer:
             return
         if ctx.is_main:
             run_folder.prepare(self.run_dir, self.stale_files)
-            save_config(config, self.run_dir / "config.json")
+            save_config(config, self.run_dir / "config.json", self.state.changes)
         self.parts.call("start")
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
         if self.step == 0:
@@ -147,9 +147,8 @@ class Trainer:
             self.parts.call("finish")
 
     def train_step(self, step: Step) -> torch.Tensor:
-        """One optimizer step over the global batch. Returns the mean loss and sets ``step.finite``,
-        whether the gradient was finite (0-d tensors: no host sync; nonfinite="skip" drops a
-        non-finite update on the device, "stop" raises at the next check)."""
+        """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
+        no host sync; nonfinite="skip" drops a non-finite update on the device, "stop" raises later)."""
         c = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(step.number - 1, total=self.total_steps, warmup=self.warmup_steps, lr=c.lr,
@@ -249,25 +248,26 @@ class Trainer:
     # --- checkpoints ---
     def save_checkpoint(self):
         self.check_finite()
+        self.run_lock.check()  # (a run whose folder was taken over writes nothing more)
         self.layout.save(self.state, self.run_dir, self.config.keep_checkpoints,
                          self.config.permanent_checkpoint_interval)
         self.checkpoint_steps.append(self.step)
 
     def restore(self):
         checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
-        checkpoint.check_compatible(vars(self.model_config), self.config.to_dict(), path, self.total_steps)
+        changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path, self.total_steps)
         self.layout.load(self.state, checkpoint, path)
+        self.state.changes += changes  # (each named by allow_changes)
         self.checkpoint_steps.append(self.step)
         if self.ctx.is_main:
-            print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})")
+            print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})" + "".join(
+                f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes))
 
     def close(self):
-        """Close the parts, stop the training loader's prefetch thread, give the run folder up,
-        restore the signal handlers and leave the process group."""
+        """Close the parts and the training loader, give the run folder and the signals up, leave the group."""
         self.parts.call("close")
         self.signals.restore()
-        if self.run_lock is not None:
-            self.run_lock.release()
+        self.run_lock.release()
         self.train_loader.close()
         distributed.teardown(self.ctx)
 

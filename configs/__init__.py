@@ -31,6 +31,7 @@ import runpy
 import textwrap
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,10 @@ class TrainConfig:
     data_seed: int = role("seed", 1337)  # the order of the training shards: vary seed and data_seed independently
     # True: continue out_dir/run_name's checkpoint; "auto": if it has one, else start
     resume: bool | str = role("bookkeeping", False)
+    # on --resume, the keys that define what is trained (roles experiment, optimizer, lr, seed) whose
+    # new values apply from the resumed step, e.g. "max_steps" or "weight_decay,beta2"; a change not
+    # named is refused (docs/checkpoints.md)
+    allow_changes: str = role("bookkeeping", "")
     # start over in a run folder that holds a run (its checkpoint, metrics and config)
     overwrite: bool = role("bookkeeping", False)
 
@@ -117,7 +122,7 @@ class TrainConfig:
     eps: float | None = role("optimizer", None)  # added to the second moment's root
     grad_clip: float = role("experiment", 1.0)  # global gradient-norm clip; 0 disables
     # a NaN/inf gradient: "stop" (exit non-zero, no checkpoint) or "skip" the update
-    nonfinite: str = role("bookkeeping", "stop")
+    nonfinite: str = role("experiment", "stop")
     max_skipped_steps: int = role("bookkeeping", 10)  # "skip": stop after this many skipped steps in a row
     decay_embeddings: bool = role("experiment", False)  # weight decay on the embeddings too
     # PaLM's auxiliary loss z_loss * mean(log(Z)^2) on the LM head (1e-4 in PaLM); 0: off
@@ -362,6 +367,11 @@ def _run_config_file(path: Path) -> dict:
             raise ConfigError(f"config file {path} is not valid JSON ({error})") from error
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path} holds no JSON object of config keys")
+        changes = values.pop("changes", None)
+        if changes:
+            warnings.warn(f"{path} records {len(changes)} setting(s) changed when its run resumed ("
+                          + ", ".join(f"{c['key']} {c['from']!r} -> {c['to']!r} from step {c['step']}" for c in changes)
+                          + "): this config is the run's start; add --key=value to use a changed value")
         return values
     try:
         return runpy.run_path(str(path))
@@ -395,10 +405,14 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
     return TrainConfig(**values)
 
 
-def save_config(config: TrainConfig, path: Path):
+def save_config(config: TrainConfig, path: Path, changes: list[dict] = ()):
+    """Write ``config`` as JSON: with ``changes`` (made on resume: step, key, from, to), the
+    settings the run started with and the list of changes, each from its step on."""
+    values = config.to_dict()
+    for change in reversed(changes):
+        values[change["key"]] = change["from"]
     with atomic_write(path, "w") as f:
-        f.write(json.dumps(config.to_dict(), indent=2) + "\n")
-
+        f.write(json.dumps({**values, **({"changes": list(changes)} if changes else {})}, indent=2) + "\n")
 
 
 def usage(doc: str) -> str:

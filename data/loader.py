@@ -26,12 +26,13 @@ timing: a scan is a pure function of the shard, and a scan still running is wait
 import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from data.shards import list_shards, open_shard
+from data.shards import MANIFEST, list_shards, open_shard
 
 SCAN_CHUNK_TOKENS = 1 << 24  # scan in 32 MiB pieces: small temporaries even for a 9B-token train.bin
 
@@ -199,16 +200,20 @@ class TokenLoader:
         """(index, stream offset of its first token) of the shard holding stream offset `offset`.
         Checks the shard's tokens on its first use; the first time reading gets into a shard,
         prefetches the shard after it."""
-        epoch, epoch_offset = divmod(offset, self.split_tokens)
-        order, shard_ends = self.epoch_layout(epoch)
-        i = int(np.searchsorted(shard_ends, epoch_offset, side="right"))  # skips empty shards
-        shard = int(order[i])
-        shard_end = epoch * self.split_tokens + int(shard_ends[i])
+        epoch, i, shard, shard_end = self._locate(offset)
         if self.prefetch and shard_end > self._furthest_shard_end:
             self._furthest_shard_end = shard_end
             self.prefetch_shard(self.shard_after(epoch, i))
         self.check_vocabulary(shard)
         return shard, shard_end - len(self.shards[shard])
+
+    def _locate(self, offset: int) -> tuple[int, int, int, int]:
+        """(epoch, place in the epoch's order, index, stream offset of its end) of the shard holding
+        stream offset ``offset``."""
+        epoch, epoch_offset = divmod(offset, self.split_tokens)
+        order, shard_ends = self.epoch_layout(epoch)
+        i = int(np.searchsorted(shard_ends, epoch_offset, side="right"))  # skips empty shards
+        return epoch, i, int(order[i]), epoch * self.split_tokens + int(shard_ends[i])
 
     def shard_order(self, epoch: int) -> np.ndarray:
         if self.split == "train":
@@ -246,13 +251,17 @@ class TokenLoader:
             return
         max_token = self.scan(shard).max_token
         if max_token >= self.vocab_size:
+            found = (f"shard {self.shard_paths[shard]} holds token id {max_token}, but the tokenizer has only "
+                     f"{self.vocab_size} tokens (ids 0..{self.vocab_size - 1})")
+            if (Path(self.data_dir) / MANIFEST).is_file():  # (train.py checked its tokenizer: this one)
+                raise ShardTokenError(
+                    f"{found}: the shard is corrupt, since {MANIFEST} says the data was prepared with this "
+                    f"tokenizer. `python -m data.prepare --verify {self.data_dir}` checks every shard against "
+                    f"its checksum; prepare the data again with --force")
             raise ShardTokenError(
-                f"shard {self.shard_paths[shard]} holds token id {max_token}, but the tokenizer "
-                f"has only {self.vocab_size} tokens (ids 0..{self.vocab_size - 1}): the data was "
-                "prepared with another tokenizer. Re-prepare it with `python -m data.prepare "
-                "--tokenizer NAME ...` naming this run's tokenizer, or set the config's tokenizer "
-                "to the one the data was made with."
-            )
+                f"{found}: the data was prepared with another tokenizer. Re-prepare it with `python -m "
+                "data.prepare --tokenizer NAME ...` naming this run's tokenizer, or set the config's tokenizer "
+                "to the one the data was made with.")
 
     def prefetch_shard(self, shard: int) -> None:
         """Bring a shard into the page cache and scan it, in the background."""
@@ -275,6 +284,7 @@ class TokenLoader:
         self.position = position  # global tokens consumed, all ranks together, over all epochs
         # Where the furthest shard entered since the seek ends: getting past it prefetches.
         self._furthest_shard_end = -1
+        self.check_vocabulary(self._locate(position)[2])  # the shard read next: a run finds a bad one before it writes
 
     def reset(self) -> None:
         """Back to the start of the stream (e.g. to evaluate on the same val tokens each time)."""

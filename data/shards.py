@@ -216,6 +216,9 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
                          f"the text itself into a new folder instead: {prepare_hint(f'{data_dir}-text', tokenizer)}")
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
+        for split in SPLITS:  # (shards of other tools have no manifest: the loader lists them)
+            if not _split_files(data_dir, split):
+                raise FileNotFoundError(f"no {split!r} shards in data dir {data_dir}; {prepare_hint(data_dir, tokenizer)}")
         return None
     try:
         manifest = json.loads(path.read_text())

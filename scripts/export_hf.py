@@ -20,6 +20,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         out_dir = export(args.checkpoint, args.out_dir, args.dtype, args.force, args.tokenizer)
+    except ModuleNotFoundError as e:  # (the tokenizer files are written with Hugging Face's tokenizers)
+        sys.exit(f"export_hf: {e}: the export needs the Hugging Face extras: pip install -r requirements-eval.txt")
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"export_hf: {e}")
     config = json.loads((out_dir / "config.json").read_text())

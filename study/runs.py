@@ -350,8 +350,17 @@ def study_arguments(parser: argparse.ArgumentParser, reported: str) -> None:
 
 
 def study_runs(args: argparse.Namespace, tool: str) -> list[Run]:
-    """The runs at or under ``args.paths`` that logged ``--select-on``; the CLI ``tool`` exits if none did."""
+    """The runs at or under ``args.paths`` that logged ``--select-on``; the CLI ``tool`` exits if none did.
+    A run whose settings changed on resume (its config's ``changes``) is no point's: left out, with
+    a note."""
     runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
+    changed = [r for r in runs if r.config.get("changes")]
+    if changed:
+        print(f"{tool}: left out {len(changed)} run(s) whose settings changed on resume, so no study point "
+              f"holds them: " + "; ".join(f"{r.folder} (" + ", ".join(f"{c['key']} from step {c['step']}"
+                                                                        for c in r.config["changes"]) + ")"
+                                          for r in changed), file=sys.stderr)
+        runs = [r for r in runs if not r.config.get("changes")]
     if not runs:
         sys.exit(f"{tool}: no runs that logged {args.select_on} under {', '.join(map(str, args.paths))} (run "
                  f"folders, each with config.json and metrics.jsonl, or .tar.xz archives of them)")

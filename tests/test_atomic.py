@@ -1,5 +1,6 @@
 """atomic.py: a file or folder appears whole or not at all, and the temporary is never followed."""
 import errno
+import io
 import os
 import subprocess
 import uuid
@@ -7,6 +8,7 @@ import uuid
 import pytest
 import torch
 
+import atomic
 from atomic import atomic_directory, atomic_write
 from training.checkpoint import Checkpoint
 
@@ -89,3 +91,24 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_says_disk_full(small_disk):
     assert error.value.errno == errno.ENOSPC
     assert os.listdir(small_disk) == ["ckpt.pt"] and path.read_bytes() == good  # no temporary left
     assert Checkpoint.load(path).step == 1
+
+
+def test_a_full_disk_at_the_last_flush_still_says_disk_full(tmp_path, monkeypatch):
+    """What is still buffered meets the full disk at the final flush, and again when the temporary
+    file closes (a failure injected: the file's flush and close raise ENOSPC, as a full disk makes
+    them): that second ENOSPC must not replace the message."""
+    class FullDiskFile(io.BytesIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            if not self.closed:
+                super().close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "open", lambda *args, **kwargs: FullDiskFile(), raising=False)
+    path = tmp_path / "ckpt.pt"
+    with pytest.raises(OSError, match=rf"disk full writing {path}: 5,000 bytes were written when it filled") as error:
+        with atomic_write(path, "wb") as f:
+            f.write(b"x" * 5000)
+    assert error.value.errno == errno.ENOSPC and not path.exists()

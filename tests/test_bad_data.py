@@ -2,6 +2,7 @@
 an empty corpus, a glob that matches nothing, nanoGPT's character-level bins, a shard the
 manifest does not list (for train.py and for `data.prepare --verify`)."""
 import json
+import os
 import shutil
 
 import numpy as np
@@ -57,6 +58,19 @@ def test_nanogpts_character_level_bins_are_refused(prepared, tmp_path):
     with pytest.raises(SystemExit, match=r"holds nanoGPT's meta.pkl: .*prepare the text itself into a new folder "
                                          r"instead: prepare it with `python -m data.prepare shakespeare --tokenizer byte"):
         train.main([*RUN, f"--data_dir={char_level}", f"--out_dir={tmp_path / 'runs'}"])
+
+
+def test_a_shard_corrupted_in_place_is_called_corrupt_and_the_refused_start_writes_nothing(prepared, tmp_path):
+    shard = prepared / "train_000000.bin"
+    with open(shard, "r+b") as f:  # one token overwritten: the size (all the manifest checks at start) unchanged
+        f.seek(-2, os.SEEK_END)
+        f.write(np.array([0xFFFF], dtype=np.uint16).tobytes())
+    with pytest.raises(SystemExit, match=rf"shard {shard} holds token id 65535, but the tokenizer has only 257 tokens "
+                                         rf"\(ids 0..256\): the shard is corrupt, since manifest.json says the data "
+                                         rf"was prepared with this tokenizer. `python -m data.prepare --verify "
+                                         rf"{prepared}` checks every shard"):
+        train.main([*RUN, f"--data_dir={prepared}", f"--out_dir={tmp_path / 'runs'}"])
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
 
 
 def test_a_bad_token_id_in_a_later_shard_is_one_line_naming_it_and_the_checkpoint_stays(tmp_path):

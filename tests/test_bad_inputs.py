@@ -84,6 +84,10 @@ CASES = {
                                  r"optimizer: checkpoint 'merit', now 'lion'"),
     "resume past max_steps": (["--resume", "--run_name=good", "--max_steps=1"], r"at step 2, past this config's 1 "
                                                                                 r"steps: raise max_steps"),
+    "resume with a change": (["--resume", "--run_name=good", "--grad_clip=0.1"], r"would change what the run trains "
+                             r"\(grad_clip: checkpoint 1.0, now 0.1\).*--allow_changes=grad_clip"),
+    "val_tokens past the split": (["--val_tokens=2000000"], r"val_tokens=2,000,000 needs [\d,]+ validation tokens, "
+                                                            r"but the 'val' split of .* has [\d,]+: lower val_tokens"),
     "probe batch too large": (["--probe_batch_size=100000"], r"probe_batch_size=100000 needs 3,200,001 validation "
                                                                  r"tokens .*: lower probe_batch_size"),
     # Found trying the framework as a new user would (beyond the list):

@@ -3,6 +3,7 @@ load_model, checked against transformers' own GPT2LMHeadModel and tokenizer (CPU
 
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -297,7 +298,7 @@ def test_cli_errors(tmp_path):
 
 def test_load_model_errors(tmp_path):
     torch.save({"format_version": checkpoint.FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
-    with pytest.raises(ValueError, match=r"does not have the fields.*missing \['code_version', 'config', 'model'"):
+    with pytest.raises(ValueError, match=r"does not have the fields.*missing \['changes', 'code_version', 'config'"):
         load_model(tmp_path / "no_model.pt")
     future = Checkpoint.of_model(random_model(), "gpt2")
     future.model_args["n_kv_head"] = 1
@@ -370,4 +371,19 @@ def test_a_qk_norm_model_is_refused_with_the_way_to_evaluate_it(tmp_path):
     model = random_model(qk_norm="rmsnorm")
     with pytest.raises(ValueError, match="qk_norm='rmsnorm' has no Hugging Face GPT-2 equivalent.*python -m eval"):
         interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_without_the_hf_extras_names_the_requirements_file(tmp_path):
+    torch.manual_seed(0)
+    Checkpoint.of_model(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=320)), "byte").save(
+        tmp_path / "ckpt.pt")
+    # The CLI in a process where Hugging Face's tokenizers cannot be imported (only requirements.txt).
+    code = ("import runpy, sys; sys.modules['tokenizers'] = None; "
+            f"sys.argv = ['export_hf', {str(tmp_path / 'ckpt.pt')!r}, {str(tmp_path / 'hf')!r}]; "
+            "runpy.run_module('scripts.export_hf', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.search(r"export_hf: .*tokenizers.*: the export needs the Hugging Face extras: pip install -r "
+                     r"requirements-eval.txt", result.stderr), result.stderr
     assert not (tmp_path / "hf").exists()

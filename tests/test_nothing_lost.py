@@ -110,7 +110,7 @@ def test_a_live_holders_lock_refuses_and_a_dead_ones_is_taken_over(finished_run,
     run = tmp_path / "run"
     shutil.copytree(finished_run / "run", run)
     resume = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
-              "--max_steps=6"]
+              "--max_steps=6", "--allow_changes=max_steps"]
     plant_lock(run, "node-17", 4242, age=10)  # another host, heartbeat 10 s ago: alive
     before = folder_bytes(run)
     refused = train_here(*resume, check=False)
@@ -132,17 +132,24 @@ def lock_holder(run) -> int | None:
         return None
 
 
+def start_holding_run(args: list[str], run) -> subprocess.Popen:
+    """train.py in a process of its own, once it holds ``run``'s lock and wrote a checkpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (lock_holder(run) == process.pid and (run / CHECKPOINT_NAME).exists()):
+        time.sleep(0.05)
+    return process
+
+
 @pytest.mark.slow  # real processes: two at once, one killed
 def test_a_second_run_on_a_held_folder_is_refused_and_a_killed_runs_lock_does_not_block_resume(byte_shards,
                                                                                              tmp_path):
     common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--max_steps=100000",
               "--log_interval=20", "--checkpoint_interval=20"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run, deadline = tmp_path / "run", time.time() + 120
-    while time.time() < deadline and not (lock_holder(run) == first.pid and (run / CHECKPOINT_NAME).exists()):
-        time.sleep(0.05)
+    run = tmp_path / "run"
+    first = start_holding_run(common, run)
     second = run_train(*common, "--resume=auto", check=False, timeout=120)  # what a requeued job would run
     assert second.returncode != 0, second.stdout
     assert f"in use by another run: host {socket.gethostname()}, pid {first.pid}" in second.stderr
@@ -154,6 +161,31 @@ def test_a_second_run_on_a_held_folder_is_refused_and_a_killed_runs_lock_does_no
     resumed = run_train(*common, "--resume", f"--stop_at_step={step + 20}")
     assert f"took over the lock of a run that is gone (host {socket.gethostname()}, pid {first.pid}" in resumed.stdout
     assert Checkpoint.load(run / CHECKPOINT_NAME).step == step + 20 and not (run / LOCK_NAME).exists()
+
+
+@pytest.mark.slow  # real processes: one stopped (SIGSTOP) and continued (SIGCONT)
+def test_a_stopped_run_keeps_its_lock_and_one_whose_lock_was_taken_writes_nothing_more(byte_shards, tmp_path):
+    common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--max_steps=100000",
+              "--log_interval=20", "--checkpoint_interval=20"]
+    run = tmp_path / "run"
+    first = start_holding_run(common, run)
+    os.kill(first.pid, signal.SIGSTOP)  # Ctrl-Z, SLURM's suspend
+    try:
+        long_ago = time.time() - STALE_SECONDS - 60  # stopped past the heartbeat rule
+        os.utime(run / LOCK_NAME, (long_ago, long_ago))
+        second = run_train(*common, "--resume=auto", check=False, timeout=120)
+        assert second.returncode != 0, second.stdout  # its pid lives on this host: never taken over
+        assert f"in use by another run: host {socket.gethostname()}, pid {first.pid}" in second.stderr
+        # Now taken over all the same, as a run on another host would after the heartbeat's age.
+        plant_lock(run, "node-17", 4242, age=0)
+        before = folder_bytes(run)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode == 1, output
+    assert ("this run's lock was taken over by another run (host node-17, pid 4242" in output
+            and "this run stops without writing more there" in output), output
+    assert folder_bytes(run) == before  # no checkpoint, no metrics line, the other run's lock untouched
 
 
 def dead_pid() -> int:
@@ -172,7 +204,7 @@ def test_what_interrupted_writes_left_is_removed_at_start_up_and_said(finished_r
     alive.write_text("{")  # a live writer's (this process)
     (run / ".ckpt_00000006.dcp.partial").mkdir()  # a sharded save interrupted
     resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
-                         "--max_steps=6")
+                         "--max_steps=6", "--allow_changes=max_steps")
     assert f"removed what interrupted writes left: .ckpt_00000006.dcp.partial, {dead.name}" in resumed.stdout
     assert not dead.exists() and not (run / ".ckpt_00000006.dcp.partial").exists() and alive.exists()
 
@@ -184,7 +216,7 @@ def test_a_damaged_line_inside_the_log_is_kept_with_a_warning(finished_run, byte
     lines.insert(2, '{"step": 1, "train/lo')  # damaged in the middle (only a torn LAST line is a crash's trace)
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"step": 5, "tra')  # and a torn last line
     resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--resume",
-                         "--max_steps=6")
+                         "--max_steps=6", "--allow_changes=max_steps")
     assert "metrics.jsonl line 3 is not a JSON record" in resumed.stderr and "kept as it is" in resumed.stderr
     after = (run / "metrics.jsonl").read_text().splitlines()
     assert after[:len(lines)] == lines and '{"step": 5, "tra' not in after  # the torn last line is dropped
@@ -195,7 +227,7 @@ def test_resume_auto_says_which_checkpoint_it_falls_back_to(finished_run, byte_s
     train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--checkpoint_interval=2")
     (run / "ckpt_00000004.pt").unlink()
     resumed = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run",
-                         "--resume=auto", "--max_steps=6")
+                         "--resume=auto", "--max_steps=6", "--allow_changes=max_steps")
     assert "ckpt_00000004.pt (ckpt.pt points at it) is missing; resuming the one before it, ckpt_00000002.pt" \
         in resumed.stderr
     assert "at step 2" in resumed.stdout and Checkpoint.load(run / CHECKPOINT_NAME).step == 6

@@ -85,7 +85,8 @@ def test_a_resumed_log_drops_a_torn_line_and_does_not_follow_a_planted_link(byte
     log = tmp_path / "default" / "metrics.jsonl"
     with open(log, "a") as f:
         f.write('{"step": 3, "train/lo')  # killed mid-record
-    train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--stop_at_step=4", "--resume")
+    train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--stop_at_step=4", "--resume",
+          "--allow_changes=max_steps")
     assert [r["step"] for r in comparable(log) if "train/loss" in r] == [2, 4]
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -93,6 +94,7 @@ def test_a_resumed_log_drops_a_torn_line_and_does_not_follow_a_planted_link(byte
     log.unlink()
     log.symlink_to(victim)  # planted where the log was: refused, neither read through nor written
     refused = train(byte_shards, tmp_path, "--max_steps=6", "--log_interval=2", "--resume", check=False)
+    # (max_steps=6 is the schedule the resumed run took on: no change to name now)
     assert refused.returncode != 0 and "metrics.jsonl is a symbolic link" in refused.stderr
     assert victim.read_text() == "precious" and log.is_symlink() and kept
 
@@ -191,8 +193,26 @@ def test_checkpoint_retention_and_auto_skipping_a_corrupt_newest(byte_shards, tm
     assert os.readlink(run_dir / CHECKPOINT_NAME) == "ckpt_00000010.pt"
     newest = run_dir / "ckpt_00000010.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated (a disk fault: our writes are atomic)
-    strict = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--resume", check=False)
+    strict = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--allow_changes=max_steps", "--resume",
+                   check=False)
     assert strict.returncode != 0 and "ckpt_00000010.pt cannot be read" in strict.stderr
-    auto = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--resume=auto")
+    auto = train(byte_shards, tmp_path, *lifecycle, "--max_steps=12", "--allow_changes=max_steps", "--resume=auto")
     assert "skipping the checkpoint" in auto.stderr and "ckpt_00000008.pt at step 8" in auto.stdout
     assert Checkpoint.load(run_dir / CHECKPOINT_NAME).step == 12
+
+
+def test_a_dangling_latest_link_and_an_empty_data_folder_say_what_to_do(byte_shards, tmp_path):
+    run = tmp_path / "default"
+    run.mkdir()
+    (run / CHECKPOINT_NAME).symlink_to("ckpt_00000004.pt")  # the checkpoint it named deleted
+    dangling = train(byte_shards, tmp_path, "--max_steps=4", "--resume", check=False)
+    assert dangling.returncode != 0
+    assert (f"{run / CHECKPOINT_NAME} is a link to ckpt_00000004.pt, which does not exist, and {run} holds no other "
+            f"checkpoint: the run cannot resume; put the checkpoint back, or start the run again with --overwrite"
+            in dangling.stderr), dangling.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for tokenizer in ("byte", "gpt2"):  # the hint prepares shards the config can read
+        refused = train(empty, tmp_path, "--max_steps=4", "--run_name=other", f"--tokenizer={tokenizer}", check=False)
+        assert f"no 'train' shards in data dir {empty}; prepare it with `python -m data.prepare shakespeare " \
+               f"--tokenizer {tokenizer} --out {empty}`" in refused.stderr, refused.stderr

@@ -148,11 +148,11 @@ def small_checkpoint(step: int, value: float) -> Checkpoint:
 
 def test_incompatible_checkpoint_message(tmp_path):
     with pytest.raises(ValueError, match=r"n_embd: checkpoint 32, now 64"):
-        small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 64},
+        small_checkpoint(1, 1.0).changes_on_resume({"n_layer": 2, "n_embd": 64},
                                                   {"tokenizer": "byte", "optimizer": "merit", "batch_size": 4,
                                                    "stop_at_step": 0}, tmp_path, total_steps=10)
     with pytest.raises(ValueError, match=r"batch_size: checkpoint 4, now 8"):
-        small_checkpoint(1, 1.0).check_compatible({"n_layer": 2, "n_embd": 32},
+        small_checkpoint(1, 1.0).changes_on_resume({"n_layer": 2, "n_embd": 32},
                                                   {"tokenizer": "byte", "optimizer": "merit", "batch_size": 8,
                                                    "stop_at_step": 0}, tmp_path, total_steps=10)
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from atomic import atomic_write
+from configs import keys_with_role
 from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
@@ -46,7 +47,13 @@ SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Ch
 NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
 FORMAT_VERSION = 5
 # Fields a version lacks, with the value its files are read with.
-_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"}}
+_ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"},
+             5: {"changes": []}}
+# What a resume compares: the keys that define what is trained. Of those, the ones that cannot
+# change on resume at all (the checkpoint's tensors, data position and RNG would not fit them).
+RECORDED = keys_with_role("experiment") | keys_with_role("optimizer") | keys_with_role("lr") | keys_with_role("seed")
+FIXED = frozenset({f.name for f in dataclasses.fields(GPTConfig)} - {"dropout"}
+                  | {"model", "tokenizer", "optimizer", "batch_size", "seed", "data_seed", "align_documents"})
 
 
 def _upgraded(state: dict, version: int) -> dict:
@@ -86,6 +93,7 @@ class Checkpoint:
     optim_backends: dict = field(default_factory=dict)  # per param group: the implementation that stepped it
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
     parts: dict = field(default_factory=dict)  # {name: state_dict()} of the run's parts with state (training/parts.py)
+    changes: list = field(default_factory=list)  # settings changed on resume: {"step", "key", "from", "to"}, in order
     # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
     # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
     tensors: str = "inline"
@@ -134,25 +142,35 @@ class Checkpoint:
                              f"{'folder' if path.is_dir() else 'file'}")
         return cls(**state)
 
-    def check_compatible(self, model_args: dict, config: dict, path: Path, total_steps: int) -> None:
-        """Refuse to resume a run whose model, tokenizer, optimizer, global batch or seed differs from
-        the checkpoint's (a new batch size would make the token counts and the data position wrong;
-        a new seed would be recorded while the RNG continues the old one), or whose ``total_steps``
-        or ``stop_at_step`` leave nothing to train."""
-        mismatches = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
-                      for key, value in model_args.items() if self.model_args.get(key) != value]
-        mismatches += [f"{key}: checkpoint {self.config.get(key)!r}, now {config[key]!r}"
-                       for key in ("tokenizer", "optimizer", "batch_size", "seed")
-                       if key in self.config and self.config[key] != config[key]]
-        if mismatches:
-            raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(mismatches)}): "
-                             f"resume with the checkpoint's settings or start a new run_name")
+    def changes_on_resume(self, model_args: dict, config: dict, path: Path, total_steps: int) -> list[dict]:
+        """The settings a resume with ``config`` (a resolved config's dict) changes from the
+        checkpoint's, as records ``{"step", "key", "from", "to"}``; each must be named in the
+        config's ``allow_changes``. Refused with every difference named: a change not allowed, a
+        model, tokenizer, optimizer, global batch or seed of another run (a new batch would make the
+        token counts and the data position wrong, a new seed would be recorded while the RNG
+        continues the old one), and a ``total_steps`` or ``stop_at_step`` that leaves nothing to train."""
+        fixed = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
+                 for key, value in model_args.items() if key != "dropout" and self.model_args.get(key) != value]
+        changed = {key: (self.config[key], config[key]) for key in sorted(RECORDED)
+                   if key in self.config and self.config[key] != config[key]}
+        fixed += [f"{key}: checkpoint {old!r}, now {new!r}" for key, (old, new) in changed.items() if key in FIXED]
+        if fixed:
+            raise ValueError(f"checkpoint {path} does not match this config ({'; '.join(fixed)}): resume with the "
+                             f"checkpoint's settings or start a new run_name")
         if self.step > total_steps:
             raise ValueError(f"the checkpoint {path} is at step {self.step}, past this config's {total_steps} steps: "
-                             f"raise max_steps (or max_tokens) to continue the run")
+                             f"raise max_steps (or max_tokens) with --allow_changes=max_steps (max_tokens) to continue the run")
         if 0 < config["stop_at_step"] <= self.step:
             raise ValueError(f"stop_at_step={config['stop_at_step']} is not past the checkpoint's step {self.step}: "
                              f"nothing would train; raise stop_at_step or leave it out")
+        allowed = {key.strip() for key in config.get("allow_changes", "").split(",")}
+        refused = {key: pair for key, pair in changed.items() if key not in allowed}
+        if refused:
+            raise ValueError(f"resuming {path} at step {self.step} would change what the run trains ("
+                             + "; ".join(f"{key}: checkpoint {old!r}, now {new!r}" for key, (old, new) in refused.items())
+                             + f"): resume with the checkpoint's settings, or apply the changes from step {self.step} "
+                             f"on with --allow_changes={','.join(sorted(allowed - {''} | refused.keys()))}")
+        return [{"step": self.step, "key": key, "from": old, "to": new} for key, (old, new) in changed.items()]
 
     def model_config(self, path: Path) -> GPTConfig:
         """The config of the model this checkpoint holds (``path`` names it in the error)."""
@@ -205,6 +223,10 @@ def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Che
     latest = run_dir / CHECKPOINT_NAME
     candidates = [latest.resolve()] if latest.exists() else []
     candidates += [p for p in reversed(numbered(run_dir)) if p not in candidates]
+    if not candidates and latest.is_symlink():
+        raise FileNotFoundError(f"{latest} is a link to {os.readlink(latest)}, which does not exist, and {run_dir} "
+                                f"holds no other checkpoint: the run cannot resume; put the checkpoint back, or "
+                                f"start the run again with --overwrite")
     if not candidates:
         raise FileNotFoundError(f"no checkpoint in {run_dir}")
     if latest.is_symlink() and not latest.exists():  # the newest was deleted

@@ -88,14 +88,15 @@ class MetricsLogger:
                 warnings.warn(f"wandb.log failed ({e}); continuing with the JSONL log only")
                 self._wandb = None
 
-    def log_run_info(self, info: dict):
-        """Facts about the run that are not series (e.g. which optimizer implementation runs):
-        one ``{"run_info": info}`` line in the JSONL log, and the wandb run's config."""
-        self._file.write(json.dumps({"run_info": info}) + "\n")
+    def log_run_info(self, info: dict, key: str = "run_info"):
+        """Facts about the run that are not series (which optimizer implementation runs; an
+        ``event`` such as settings changed on resume): one ``{key: info}`` line in the JSONL log,
+        and the wandb run's config."""
+        self._file.write(json.dumps({key: info}) + "\n")
         self._file.flush()
         if self._wandb is not None:
             try:
-                self._wandb.config.update({"run_info": info}, allow_val_change=True)
+                self._wandb.config.update({key: info}, allow_val_change=True)
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"wandb.config.update failed ({e}); continuing with the JSONL log only")
                 self._wandb = None
@@ -154,8 +155,12 @@ class MetricsLog(Part):
                                         project=config.wandb_project, entity=config.wandb_entity,
                                         group=config.wandb_group, resume_step=run.step if run.resuming else None)
             self.logger.log_run_info({"optim_backend": config.optim_backend, **run.optimizer.backends()})
+            changes = [c for c in run.state.changes if run.resuming and c["step"] == run.step]
+            if changes:  # an event in the record: settings this resume changed
+                self.logger.log_run_info({"changes": changes}, key="event")
 
     def record(self, metrics: dict) -> None:
+        self.run.run_lock.check()  # (a run whose folder was taken over writes nothing more)
         self.logger.log(metrics)
 
     def close(self) -> None:

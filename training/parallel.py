@@ -170,7 +170,13 @@ class Layout:
         if checkpoint.tensors != "dcp" and self.shards_parameters:
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
                              f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
+        # The optimizer's state is the checkpoint's, its hyper-parameters this run's: the same values
+        # but where the config changed one on resume (allow_changes), which so applies.
+        settings = [{key: value for key, value in group.items() if key != "params"}
+                    for group in state.optimizer.param_groups]
         _load_tensors(checkpoint, path, state.model, state.optimizer)
+        for group, own in zip(state.optimizer.param_groups, settings, strict=True):
+            group.update(own)
         state.load_state_dict(checkpoint)
 
 

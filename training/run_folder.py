@@ -11,9 +11,12 @@ disk) is not such a run: ``resume="auto"`` refuses it rather than replace its lo
 ``RunLock`` makes the ownership hold while a run is going: the run's main rank holds the lock
 file ``.lock`` in the folder (created exclusively, which works on NFS and Lustre too, with the
 holder's host, pid and start time, its modification time renewed as a heartbeat), so a second
-run on the same folder is refused at once, naming the holder. A lock whose holder is gone (its
-process is dead on this host, or its heartbeat stopped: kill -9, a lost node) is taken over,
-and said so.
+run on the same folder is refused at once, naming the holder. A lock whose holder is gone is
+taken over, and said so: on this host when its process is dead (its pid gone, or reused by a
+process that started later), whatever the heartbeat's age, so a run stopped for a while (Ctrl-Z,
+SLURM's suspend) keeps its folder; from another host when its heartbeat stopped (kill -9, a lost
+node). A run whose lock was taken over all the same (another host's run, after a long stop)
+stops before its next write, checkpoint or metrics, and says why (``RunLock.check``).
 """
 from __future__ import annotations
 
@@ -145,13 +148,14 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
     longer schedule."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
-    dropped = ("--resume", "--overwrite", "--stop_at_step", *([length] if step == total_steps else []))
+    dropped = ("--resume", "--overwrite", "--stop_at_step", "--allow_changes",
+               *([length] if step == total_steps else []))
     resume = [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
     if step < total_steps:
         resume_line = f"resume    {shlex.join(resume)}"
-    else:  # twice the length, as an example: any longer schedule continues it
-        longer = f"{length}={2 * (config.max_steps or config.max_tokens)}"
-        resume_line = (f"train on  {shlex.join([*resume, longer])}  (any longer run; the lr schedule follows "
+    else:  # twice the length, as an example: any longer schedule continues it, a change said as one
+        longer = [f"{length}={2 * (config.max_steps or config.max_tokens)}", f"--allow_changes={length[2:]}"]
+        resume_line = (f"train on  {shlex.join([*resume, *longer])}  (any longer run; the lr schedule follows "
                        f"the new length)")
     return "\n".join([f"run folder {run_dir}:",
                       f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
@@ -164,14 +168,13 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
                       f"GPT-2 folder)"])
 
 
-def lock(run_dir: Path, seen: list, ctx: Distributed) -> RunLock | None:
+def lock(run_dir: Path, seen: list, ctx: Distributed) -> RunLock:
     """The main rank takes the run folder's lock, refused if another live run holds it, or if the
     folder changed since ``seen`` (its ``fingerprint`` when the run decided how to start: another
     run used it meanwhile); it removes what interrupted writes left. Every rank learns the outcome
-    (RunFolderLocked on a refusal); the main rank gets the lock to release, the others None."""
-    held, refusal = None, None
+    (RunFolderLocked on a refusal) and gets the lock to check and release (the main rank's is held)."""
+    held, refusal = RunLock(run_dir), None  # (held by the main rank; the others' is never taken)
     if ctx.is_main:
-        held = RunLock(run_dir)
         try:
             took_over = held.acquire()
             if took_over:
@@ -210,7 +213,7 @@ class RunLock:
         """Take the lock (making the folder), or raise RunFolderLocked naming the holder. Returns a
         line saying so when a dead holder's lock was taken over, else None."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        identity = {"host": socket.gethostname(), "pid": os.getpid(),
+        identity = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
                     "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": self.token}
         took_over = None
         for _ in range(3):  # (another process may take over the same stale lock at the same moment)
@@ -242,6 +245,18 @@ class RunLock:
         raise RunFolderLocked(f"the run folder {self.path.parent}: its lock {self.path} keeps changing hands; "
                               f"is another run starting there? choose another run_name")
 
+    def check(self) -> None:
+        """Before a write: raise RunFolderLocked if this run's lock was taken over (by a run on
+        another host, while this one was stopped longer than STALE_SECONDS); the folder is that
+        run's now. Nothing to check where the lock is not held (the other ranks)."""
+        if self._heartbeat is None:
+            return
+        holder, age = self._holder()
+        if holder.get("token") != self.token:
+            raise RunFolderLocked(f"the run folder {self.path.parent}: this run's lock was taken over by another run "
+                                  f"({_describe(holder, age)}) while this one was stopped; this run stops without "
+                                  f"writing more there: the folder is the other run's now")
+
     def release(self) -> None:
         """Give the lock up (only if it is still this process's)."""
         if self._heartbeat is None:
@@ -255,6 +270,8 @@ class RunLock:
 
     def _renew(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            if self._holder()[0].get("token") not in (self.token, None):
+                return  # taken over: never renew another run's lock
             try:
                 os.utime(self.path)
             except OSError:  # (the folder removed under the run: nothing to renew)
@@ -271,22 +288,31 @@ class RunLock:
 
 
 def _is_stale(holder: dict, age: float) -> bool:
-    if age > STALE_SECONDS:
-        return True
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return False  # another host's, renewed lately (or being written): alive
-    return not _alive(holder["pid"])
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        return not _alive(holder["pid"], holder.get("process_start"))  # (a stopped process is alive)
+    return age > STALE_SECONDS  # another host's (or being written): alive while it renews
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host."""
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` runs on this host (and, with ``start``, is the process that started
+    then, not a later one given the same pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
-    return True
+        pass
+    return start is None or _process_start(pid) in (start, None)
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, /proc/PID/stat's 22nd field), None where
+    there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _describe(holder: dict, age: float) -> str:

@@ -41,6 +41,7 @@ class RunState:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.tokens_per_step = tokens_per_step
         self.step = 0  # optimizer steps taken
+        self.changes: list[dict] = []  # settings changed on resume (Checkpoint.changes_on_resume)
         self.pieces = pieces
         self.parts = {part.name: part for part in parts if part.name is not None}
 
@@ -50,7 +51,7 @@ class RunState:
 
     def state_dict(self) -> dict:
         """The ``Checkpoint`` fields but the model's and the optimizer's tensors (every rank)."""
-        return {"step": self.step, "tokens": self.tokens, "config": self.config,
+        return {"step": self.step, "tokens": self.tokens, "config": self.config, "changes": list(self.changes),
                 "model_args": vars(self.model.config).copy(), "optim_backends": self.optimizer.backends(),
                 **{name: piece.state_dict() for name, piece in self.pieces.items()},
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
@@ -59,7 +60,7 @@ class RunState:
         """Continue from ``checkpoint`` (a ``Checkpoint``; its model and optimizer state are the
         layout's to load). A piece whose field is empty (a file of an older format version), or a
         part the checkpoint has no state of (a run without that part), keeps its fresh state."""
-        self.step = checkpoint.step
+        self.step, self.changes = checkpoint.step, list(checkpoint.changes)
         for name, piece in self.pieces.items():
             saved = getattr(checkpoint, name)
             if saved:

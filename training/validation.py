@@ -25,10 +25,12 @@ class Validation(Part):
         val_steps = max(1, config.val_tokens // tokens_per_step)
         heldout_steps = config.heldout_tokens // tokens_per_step
         needed = (val_steps + heldout_steps) * tokens_per_step + 1
-        if heldout_steps and loader.split_tokens < needed:
-            raise ValueError(f"heldout_tokens={config.heldout_tokens:,} after val_tokens={config.val_tokens:,} needs "
-                             f"{needed:,} validation tokens, but the 'val' split of {config.data_dir} has "
-                             f"{loader.split_tokens:,}: lower heldout_tokens or val_tokens")
+        if loader.split_tokens < needed:  # (else the loader would wrap: some tokens counted twice)
+            asked = (f"heldout_tokens={config.heldout_tokens:,} after val_tokens={config.val_tokens:,}"
+                     if heldout_steps else f"val_tokens={config.val_tokens:,}")
+            raise ValueError(f"{asked} needs {needed:,} validation tokens, but the 'val' split of {config.data_dir} "
+                             f"has {loader.split_tokens:,}: lower {'heldout_tokens or ' if heldout_steps else ''}"
+                             f"val_tokens")
         return cls(run, loader, val_steps, heldout_steps)
 
     def evaluate(self, step: Step) -> dict[str, float]:
