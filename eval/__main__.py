@@ -16,10 +16,16 @@ example's requests and log-likelihoods.
 An existing results file of the same model (the same checkpoint at the same step, or the same HF
 folder) is merged by task: a task evaluated again replaces its own result, the others stay, and
 each task keeps the configuration it was evaluated with (``task_config``). A results file of
-another model is never replaced unless --overwrite is given.
+another model is never replaced unless --overwrite is given. A results file belongs to a model by
+its content (``model_sha256``, a hash of its weights): the same checkpoint named two ways
+(``ckpt.pt`` or the numbered file it points at) is one model. Evaluations writing one file at once
+merge under a lock (on the results file's folder): nothing one of them wrote is lost.
 """
 import argparse
+import fcntl
+import hashlib
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -38,12 +44,25 @@ from training.parallel import load_model
 
 
 def load(args) -> tuple[GPT, str, dict]:
-    """(model, tokenizer name, description of where it came from)."""
+    """(model, tokenizer name, description of where it came from, with its weights' hash)."""
     if args.hf:
-        return from_hf(args.hf), "gpt2", {"hf": str(args.hf)}
+        model = from_hf(args.hf)
+        return model, "gpt2", {"hf": str(args.hf), "model_sha256": model_sha256(model)}
     model, checkpoint = load_model(Path(args.ckpt))
     return model, checkpoint.config["tokenizer"], {"ckpt": str(args.ckpt), "step": checkpoint.step,
+                                                   "model_sha256": model_sha256(model),
                                                    "train_config": checkpoint.config}
+
+
+def model_sha256(model: torch.nn.Module) -> str:
+    """The sha256 of the model's weights (names, dtypes, shapes and bytes): which model a results
+    file holds, however its checkpoint was named."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def main(argv=None) -> None:
@@ -78,7 +97,7 @@ def main(argv=None) -> None:
         # Sample results are kept apart from a checkpoint's real ones: the two would merge by task.
         name = "results_samples.json" if args.samples else "results.json"
         out = args.out or (Path(args.ckpt).with_name(name) if args.ckpt else Path(name))
-        earlier = earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation
+        earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation, and at the end
         data_dir = samples_dir() if args.samples else args.data_dir
     except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder, a results file
         sys.exit(f"eval: {error}")
@@ -97,12 +116,28 @@ def main(argv=None) -> None:
     record = {**output, "tokenizer": tokenizer_name, **source_info, "model_config": vars(model.config),
               "eval_config": eval_config, "command": sys.argv,
               "task_config": {task: {"eval_config": eval_config, "command": sys.argv} for task in output["results"]}}
-    for key in ("results", "samples", "task_config"):  # the earlier tasks stay; a task run again is replaced
-        if key in earlier or key in record:
-            record[key] = {**earlier.get(key, {}), **record.get(key, {})}
-    with atomic_write(out) as f:
-        f.write(json.dumps(record, indent=2).encode())
+    try:
+        write_results(out, record, source_info, args.overwrite)
+    except ValueError as error:  # another model's results written meanwhile
+        sys.exit(f"eval: {error}")
     print(f"wrote {out}")
+
+
+def write_results(out: Path, record: dict, source_info: dict, overwrite: bool) -> None:
+    """Merge ``record`` into ``out`` by task, under an exclusive lock on its folder, reading the
+    file again inside it: an evaluation that wrote meanwhile keeps its tasks."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(out.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # (released when the descriptor closes)
+        earlier = earlier_results(out, source_info, overwrite)
+        for key in ("results", "samples", "task_config"):  # the earlier tasks stay; a task run again is replaced
+            if key in earlier or key in record:
+                record[key] = {**earlier.get(key, {}), **record.get(key, {})}
+        with atomic_write(out) as f:
+            f.write(json.dumps(record, indent=2).encode())
+    finally:
+        os.close(folder)
 
 
 def quiet_datasets() -> None:
@@ -125,7 +160,8 @@ def earlier_results(out: Path, source_info: dict, overwrite: bool) -> dict:
     except (OSError, ValueError) as error:
         raise ValueError(f"--out {out} exists and is not a results file ({error}): choose another --out, or "
                          f"pass --overwrite to replace it") from error
-    identity = ("ckpt", "step", "hf")
+    # Which model: the weights' hash (a file written before it was recorded: the checkpoint's name and step).
+    identity = ("model_sha256",) if isinstance(earlier, dict) and "model_sha256" in earlier else ("ckpt", "step", "hf")
     if not isinstance(earlier, dict) or "results" not in earlier or any(
             earlier.get(key) != source_info.get(key) for key in identity):
         held = ", ".join(f"{key} {earlier.get(key)}" for key in identity if isinstance(earlier, dict) and key in earlier)

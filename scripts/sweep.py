@@ -21,9 +21,12 @@ the same number of steps at every batch (``steps``), as the same number of token
 fewer steps at larger batches), or left as the config says (``none``).
 
 ``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``; one
-process runs train.py directly; or
-``--jobs`` of them at once, for small CPU runs), each with ``--resume=auto``: a finished point (its metrics hold the final step) is skipped, an
-interrupted one resumes from its last checkpoint, a failed one is reported and the others go on.
+process runs train.py directly; or ``--jobs`` of them at once, for small CPU runs), each with
+``--resume=auto``: a finished point (its run trained what its file says, to the final step) is
+skipped, an interrupted one resumes from its last checkpoint, a failed one is reported and the
+others go on. A sweep folder holds one sweep: run the same command again to go on; another plan
+into it is refused, naming the settings that differ, and new points join only with
+``--add-points``; a point's file is never rewritten.
 ``--launch slurm`` writes ``sweep.sbatch``, an array job (one task per point) running torchrun
 on ``--nodes`` nodes with a c10d rendezvous on the job's first node, requeued on preemption
 (SLURM signals the job ahead of its time limit; the ranks save at their next log step and the
@@ -35,7 +38,8 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError
-from study.sweep import SCALINGS, key_value, launch_local, parse_values, plan, table, write_points, write_sbatch
+from study.sweep import (SCALINGS, check_written, key_value, launch_local, parse_values, plan, table, write_points,
+                         write_sbatch)
 
 
 def main(argv=None) -> None:
@@ -49,6 +53,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup-scaling", choices=["none", "steps", "tokens"], default="none")
     parser.add_argument("--base-batch", type=int, help="the batch the lr is given for (default: the config's)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    parser.add_argument("--add-points", action="store_true",
+                        help="add the plan's new points to the sweep already in the folder")
     parser.add_argument("--launch", choices=["none", "local", "slurm"], default="none",
                         help="none: write the point files only (default); local: run them here; slurm: an sbatch")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="local: processes per point (GPUs)")
@@ -71,6 +77,7 @@ def main(argv=None) -> None:
             grid[key] = parse_values(values)
         fixed = [f"--{key}={value}" for key, value in (key_value(t, "--set") for t in args.set)]
         points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch)
+        check_written(points, out, args.add_points)
     except (ConfigError, ValueError) as error:
         sys.exit(f"sweep: {error}")
     print(f"sweep {args.name}: {len(points)} points in {out}")

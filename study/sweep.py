@@ -1,6 +1,11 @@
 """Sweeps: the points of a grid of training runs (each a checked, resolved config in its own run
 folder), their status, and their launch here (torchrun) or on SLURM (an sbatch array). The CLI
 and what each option means: scripts/sweep.py.
+
+A sweep folder holds one sweep: a plan that differs from the points written there is refused,
+naming the keys (``check_written``), new points are added only when asked, and a point's file is
+never rewritten under it. A point is finished only when its run trained what its file says (the
+run's config.json equals it on every key that defines what is trained) to the end.
 """
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ from atomic import atomic_write
 from configs import ConfigError, TrainConfig, load_config
 from eval.tasks import check_zero_shot
 from study.runs import read_records
+from training.checkpoint import RECORDED, numbered
 from training.run_config import resolve_config
-from training.checkpoint import numbered
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALINGS = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
@@ -48,13 +53,50 @@ class Point:
         return self.config.steps(self.config.model_config(1).block_size)[0]
 
     def status(self) -> str:
-        """"finished" (its metrics hold the final validation loss), "at step N" (interrupted: it
-        resumes from its checkpoint of step N) or "new"."""
+        """"finished" (its run is this point's, and its metrics hold the final validation loss),
+        "at step N" (interrupted: it resumes from its checkpoint of step N), "new", or "another
+        run: ..." (the folder's run trained other settings, named)."""
+        differing = self.differing_run()
+        if differing:
+            return f"another run: {differing}"
         total = self.total_steps()
         if any(r.get("step") == total and "val/loss" in r for r in read_records(self.folder / "metrics.jsonl")):
             return "finished"
         checkpoints = numbered(self.folder)
         return f"at step {int(checkpoints[-1].stem.split('_')[1])}" if checkpoints else "new"
+
+
+    def differing_run(self) -> str:
+        """The keys that define what is trained on which the folder's run (its config.json, with
+        any change made on resume) differs from this point, "" if none or no run."""
+        try:
+            run = json.loads((self.folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return ""
+        mine = self.config.to_dict()
+        differing = [f"{key} {run[key]!r}, not {mine[key]!r}" for key in sorted(RECORDED)
+                     if key in run and run[key] != mine[key]]
+        differing += [f"{c['key']} changed to {c['to']!r} at step {c['step']}" for c in run.get("changes", [])]
+        return "; ".join(differing)
+
+
+def check_written(points: list[Point], out: Path, add_points: bool) -> None:
+    """Refuse a plan other than the one written in the sweep folder ``out``: a point whose file
+    says other settings (each key named), or, unless ``add_points``, points the folder does not
+    have beside those it has."""
+    for point in points:
+        if point.file.is_file():
+            written = load_config(str(point.file)).to_dict()
+            mine = point.config.to_dict()
+            differing = [f"{key}: written {written[key]!r}, now {mine[key]!r}" for key in mine if written[key] != mine[key]]
+            if differing:
+                raise ConfigError(f"the sweep folder {out} holds point {point.name} with other settings ("
+                                  f"{'; '.join(differing)}): a sweep folder holds one sweep; choose another --name")
+    written = sorted(path.parent.name for path in out.glob("*/point.py"))
+    new = [point.name for point in points if not point.file.is_file()]
+    if written and new and not add_points:
+        raise ConfigError(f"the sweep folder {out} holds the points {', '.join(written)}; this plan adds "
+                          f"{', '.join(new)}: pass --add-points to add them to that sweep, or choose another --name")
 
 
 def parse_values(text: str) -> list:
@@ -120,7 +162,10 @@ def point_name(chosen: dict) -> str:
 
 
 def write_points(points: list[Point], base: str, command: str) -> None:
+    """Each new point's file (one written is left as it is: ``check_written`` found it the same)."""
     for point in points:
+        if point.file.is_file():
+            continue
         point.folder.mkdir(parents=True, exist_ok=True)
         lines = [f"# Sweep point {point.name}: {json.dumps(point.grid)} on {base}.",
                  f"# Written by: {command}",
@@ -148,10 +193,14 @@ def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
     """Run the unfinished points, ``jobs`` at a time; returns the names of those that failed.
     With several jobs each gets an equal share of the CPU threads and writes its output to
     POINT/train.log (one job inherits this terminal)."""
-    pending = []
+    pending, failed = [], []
     for point in points:
-        if point.status() == "finished":
+        status = point.status()
+        if status == "finished":
             tqdm.write(f"{point.name}: finished, skipped")
+        elif status.startswith("another run"):  # (resuming it would be refused: not this point's run)
+            tqdm.write(f"{point.name}: FAILED: its folder holds {status}; move that run away to train the point")
+            failed.append(point.name)
         else:
             pending.append(point)
     env = dict(os.environ)
@@ -159,7 +208,6 @@ def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     progress = tqdm(total=len(points), initial=len(points) - len(pending), unit="point", desc="sweep")
     running: dict[subprocess.Popen, tuple[Point, object]] = {}
-    failed = []
     while pending or running:
         while pending and len(running) < jobs:
             point = pending.pop(0)

@@ -69,15 +69,45 @@ def test_a_second_evaluation_keeps_the_first_ones_tasks(finished_run, tmp_path, 
     assert second["results"]["cb"]["n"] == 3 and first["results"]["cb"]["n"] == 4  # replaced by the new run
     assert second["task_config"]["boolq"]["eval_config"]["limit"] == 4  # each task its own configuration
     assert second["task_config"]["cb"]["eval_config"]["limit"] == 3
+    # The same checkpoint by its numbered file (ckpt.pt points at it) is the same model: merged.
+    numbered = evaluate(ckpt.resolve(), out, "wsc", tasks)
+    assert set(numbered["results"]) == {"boolq", "cb", "rte", "wsc"}
+    assert numbered["model_sha256"] == first["model_sha256"] and len(first["model_sha256"]) == 64
     # Another model's results are never replaced silently.
     other = json.loads(out.read_text())
-    other["step"] = 999
+    other["model_sha256"] = "0" * 64
     out.write_text(json.dumps(other))
-    with pytest.raises(SystemExit, match=r"holds the results of another model .*step 999.*--overwrite"):
+    with pytest.raises(SystemExit, match=r"holds the results of another model \(model_sha256 0{64}\).*--overwrite"):
         evaluate(ckpt, out, "boolq", tasks)
-    assert json.loads(out.read_text())["step"] == 999
+    assert json.loads(out.read_text())["model_sha256"] == "0" * 64
     replaced = evaluate(ckpt, out, "boolq", tasks, "--overwrite")
     assert set(replaced["results"]) == {"boolq"} and replaced["step"] == 4
+
+
+@pytest.mark.slow  # real processes, at once
+def test_two_evaluations_into_one_file_at_once_keep_both(finished_run, tmp_path):
+    out = tmp_path / "results.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    evaluations = [subprocess.Popen([sys.executable, "-m", "eval", "--ckpt", str(finished_run / "run" / "ckpt.pt"),
+                                     "--tasks", tasks, "--data-dir", str(finished_run / "tasks"), "--limit", "4",
+                                     "--out", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+                   for tasks in ("boolq", "cb")]
+    for evaluation in evaluations:
+        output, _ = evaluation.communicate(timeout=300)
+        assert evaluation.returncode == 0 and f"wrote {out}" in output, output
+    assert set(json.loads(out.read_text())["results"]) == {"boolq", "cb"}
+
+
+def test_a_run_started_over_removes_the_earlier_models_results(finished_run, byte_shards, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run / "run", run, symlinks=True)
+    evaluate(run / "ckpt.pt", run / "results.json", "boolq", finished_run / "tasks")
+    train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--overwrite",
+               "--lr=0.05")
+    assert not (run / "results.json").exists()  # of the model --overwrite replaced
+    evaluate(run / "ckpt.pt", run / "results.json", "cb", finished_run / "tasks")
+    assert set(json.loads((run / "results.json").read_text())["results"]) == {"cb"}
 
 
 def test_an_export_never_replaces_its_run_folder_or_a_folder_that_is_not_an_export(finished_run, tmp_path):

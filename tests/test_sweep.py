@@ -122,3 +122,31 @@ def test_the_plan_refuses_a_point_whose_zero_shot_tasks_cannot_run(tmp_path, byt
     (tmp_path / "tasks" / "copa.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"zero_shot_data_dir=.*copa"):
         plan(str(base), {"zero_shot_tasks": ["copa"]}, [], tmp_path / "sweep", "none", "steps", None)
+
+
+@pytest.mark.slow  # the CLI in processes, a local launch
+def test_a_sweep_folder_holds_one_sweep_and_a_point_is_what_its_file_says(tmp_path, byte_shards):
+    base = base_config(tmp_path, byte_shards)
+    first = ["--name=one", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01"]
+    sweep(base, *first)  # the point files only
+    files = {path: path.read_bytes() for path in (tmp_path / "one").glob("*/point.py")}
+    assert len(files) == 2
+    other = sweep(base, *first, "--set", "max_steps=6", check=False)
+    assert other.returncode == 1 and "holds point lr0.003 with other settings (max_steps: written 4, now 6)" \
+        in other.stderr, other.stderr
+    more = sweep(base, "--name=one", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01,0.03", check=False)
+    assert more.returncode == 1 and "holds the points lr0.003, lr0.01; this plan adds lr0.03: pass --add-points" \
+        in more.stderr, more.stderr
+    assert {path: path.read_bytes() for path in files} == files  # nothing rewritten
+    sweep(base, "--name=one", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01,0.03", "--add-points")
+    assert (tmp_path / "one" / "lr0.03" / "point.py").is_file()
+    assert {path: path.read_bytes() for path in files} == files
+
+    # A point is finished only if its run trained what its file says: a longer run in its folder is not it.
+    point = tmp_path / "one" / "lr0.01"
+    train_here(str(point / "point.py"), "--max_steps=6", f"--out_dir={tmp_path / 'one'}")
+    status = rows(sweep(base, *first, "--dry-run").stdout)["lr0.01"]["status"]
+    assert status == "another run: max_steps 6, not 4"
+    launched = sweep(base, *first, "--launch=local", check=False)
+    assert launched.returncode == 1 and "lr0.01: FAILED: its folder holds another run: max_steps 6, not 4" \
+        in launched.stdout + launched.stderr

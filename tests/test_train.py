@@ -253,6 +253,7 @@ def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     assert proc.returncode == 0, output
     state = Checkpoint.load(tmp_path / "default" / "ckpt.pt")
     assert 2 <= state.step < 100000 and "SIGTERM received" in output
+    assert output.index("SIGTERM: saving at the next log step") < output.index("SIGTERM received")  # said at once
 
 
 def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):

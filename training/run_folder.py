@@ -38,6 +38,8 @@ from training.distributed import Distributed
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
+# What python -m eval writes beside a checkpoint: the run's too, so a run started over removes them.
+EVALUATION_FILES = ("results.json", "results_samples.json")
 LOCK_NAME = ".lock"
 HEARTBEAT_SECONDS = 30.0  # how often the holder renews the lock's modification time
 STALE_SECONDS = 300.0  # a lock not renewed for this long is a dead holder's (a lost node's)
@@ -75,6 +77,7 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
                               f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
                               f"run_name")
+    held += [name for name in EVALUATION_FILES if held and (run_dir / name).exists()]  # (of the earlier model)
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     if not existing.is_dir():
         raise NotADirectoryError(f"cannot make the run folder {run_dir}: {existing} is a file; choose another out_dir")

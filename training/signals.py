@@ -20,6 +20,8 @@ class StopSignals:
 
     def _on_sigterm(self, signum, frame):
         self.received = "SIGTERM"
+        if self.is_main:  # (acknowledged at once: the save comes at the next log step, after any evaluation)
+            tqdm.write("SIGTERM: saving at the next log step, then exiting")
 
     def _on_sigint(self, signum, frame):
         if self.received is not None:
