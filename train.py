@@ -31,7 +31,7 @@ from training import console, distributed, instruments, memory, metrics, noise_s
 from training.checkpoint import load_latest
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
-from training.parts import Part, Parts, Step, imported
+from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
 from training.run_config import RunConfig, compute_dtype, resolve_config
 from training.schedule import learning_rate
 from training.signals import StopSignals
@@ -40,7 +40,7 @@ from training.state import LossWindow, RankRNG, RunState
 # What takes part in a run beside the model and the optimizer (training/parts.py), in the order the
 # loop calls them (the speed measured before the others measure; the sinks' start-up lines first); a
 # config adds its own after these (extra_parts).
-PARTS = (metrics.Speed, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale, qk_clip.QKClip,
+PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale, qk_clip.QKClip,
          instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe, ZeroShot)
 
 # The parts of a training step (Trainer.phase). Gradient reduction runs inside "backward" (DDP's
@@ -112,7 +112,7 @@ class Trainer:
     # --- the loop ---
     def train(self):
         config, ctx = self.config, self.ctx
-        if self.step == self.total_steps:
+        if self.step == self.total_steps and not self.state.evaluating:
             if ctx.is_main:
                 print(f"the run in {self.run_dir} already finished its {self.total_steps} steps: nothing to do "
                       f"(raise max_steps to train on)")
@@ -122,8 +122,10 @@ class Trainer:
             save_config(config, self.run_dir / "config.json", self.state.changes)
         self.parts.call("start")
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
-        if self.step == 0:
-            self.log(self.parts.collect("evaluate", Step(0)))  # the starting point of the loss curve
+        if self.step == 0 or self.state.evaluating:  # the loss curve's start; an evaluation a stop interrupted
+            self.evaluate(Step(self.step, final=self.step == self.total_steps))
+            if self.step == self.total_steps:
+                self.save_checkpoint()  # (the record: the evaluation done, or pending still)
         while self.step < last_step:
             number = self.step + 1
             step = Step(number, log=number % config.log_interval == 0 or number == self.total_steps,
@@ -133,9 +135,10 @@ class Trainer:
             self.after_step(step)  # the parts (QK-Clip), then an optimizer's extra pass (Sophia-G's Hessian)
             if step.log:
                 with self.phase("instruments"):
-                    self.log_train(step)
-            self.log(self.parts.collect("evaluate", step))
-            stop = step.log and self.signals.agreed(ctx)  # (a host sync: at log steps only)
+                    self.check_finite()  # (the loop syncs at a log step anyway)
+                    self.log(self.parts.collect("measure", step))  # the train loss, the speed, every instrument
+            self.evaluate(step)
+            stop = (step.log or self.state.evaluating) and self.signals.agreed(ctx)  # (a host sync: not every step)
             interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
@@ -143,7 +146,7 @@ class Trainer:
                 tqdm.write(f"rank {ctx.rank}: {self.signals.received or 'SIGTERM'} received, saved step {self.step}, "
                            f"exiting")
                 break
-        if self.step == self.total_steps:
+        if self.step == self.total_steps and not self.state.evaluating:
             self.parts.call("finish")
 
     def train_step(self, step: Step) -> torch.Tensor:
@@ -227,18 +230,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     # --- metrics ---
-    def log_train(self, step: Step):
-        """The train loss since the last log step, the lr, the gradient norm and every part's
-        measurements (every rank: the parts' measurements may be collectives)."""
-        self.check_finite()  # at a log step the loop syncs anyway
-        loss = distributed.all_reduce_mean(self.loss_window.pop_mean(), self.ctx).item()
-        measured = self.parts.collect("measure", step)
-        if not self.ctx.is_main:
-            return
-        record = {"train/loss": loss, "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": self.grad_norm.item()}
-        if self.config.nonfinite == "skip":
-            record["skipped_steps"] = self.nonfinite.skipped
-        self.log({**record, **measured})
+    def evaluate(self, step: Step) -> None:
+        """The parts' evaluations due at ``step``, logged; one a stop interrupts stays pending in the
+        run's state (saved with it), and the run runs it first when it resumes."""
+        try:
+            self.log(self.parts.collect("evaluate", step))
+            self.state.evaluating = 0
+        except EvaluationInterrupted:
+            self.state.evaluating = step.number
 
     def log(self, metrics: dict):
         """Hand the main rank's ``metrics`` (if any) to the parts that record them, with the step."""

@@ -3,8 +3,9 @@
 each rank scoring its share of the examples, logged as ``zero_shot/<task>/<metric>``. The tasks and
 their data are checked (and fetched) when the run is built, before anything trains. A task the
 model cannot score (a continuation longer than its window) is skipped with a warning: the run and
-the other tasks' results go on. It lives in eval/ because it is the evaluator's: nothing in
-training/ imports eval/, and train.py adds it to the run's parts."""
+the other tasks' results go on. A stop (SIGTERM, Ctrl-C) is heeded between tasks: the run saves
+with the evaluation pending and runs it first when it resumes. It lives in eval/ because it is
+the evaluator's: nothing in training/ imports eval/, and train.py adds it to the run's parts."""
 from __future__ import annotations
 
 import warnings
@@ -13,7 +14,7 @@ from eval import evaluate
 from eval.scorer import Scorer
 from eval.tasks import check_zero_shot, tasks_named
 from training import distributed
-from training.parts import Part, Step
+from training.parts import EvaluationInterrupted, Part, Step
 
 
 class ZeroShot(Part):
@@ -37,6 +38,9 @@ class ZeroShot(Part):
                         batch_size=config.micro_batch_size, device=run.device, show_progress=False)
         record = {}
         for task in tasks_named(config.zero_shot_tasks):
+            if run.signals.agreed(run.ctx):  # (every rank, between tasks: a collective)
+                run.model.train()
+                raise EvaluationInterrupted(f"zero-shot evaluation at step {step.number}, before {task.name}")
             try:
                 output = evaluate(scorer, [task], data_dir=config.zero_shot_data_dir, limit=config.zero_shot_limit,
                                   rank=run.ctx.rank, world_size=run.ctx.world_size,

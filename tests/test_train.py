@@ -256,6 +256,37 @@ def test_sigterm_saves_and_exits_cleanly(byte_shards, tmp_path):
     assert output.index("SIGTERM: saving at the next log step") < output.index("SIGTERM received")  # said at once
 
 
+@pytest.mark.slow  # a real process, signalled during its final zero-shot evaluation
+def test_sigterm_during_the_final_evaluation_leaves_it_pending_and_the_resume_runs_only_it(byte_shards, tmp_path):
+    from eval.samples import write_fixtures
+    write_fixtures(tmp_path / "tasks")
+    run = args(byte_shards, tmp_path, "--max_steps=6", "--batch_size=2", "--micro_batch_size=2", "--block_size=128",
+               "--zero_shot_tasks=boolq,cb,copa,rte,wic,wsc,piqa,winogrande,arc_easy,arc_challenge,lambada_openai",
+               f"--zero_shot_data_dir={tmp_path / 'tasks'}", "--log_interval=2")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *run], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics, deadline = tmp_path / "default" / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and '"step": 6, "tokens"' in metrics.read_text()):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # the final train record is written: the evaluations are under way
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
+    assert saved.step == 6 and saved.evaluating == 6, output  # trained to the end, its evaluation pending
+    assert not any(key.startswith("zero_shot/") for r in read_metrics(tmp_path / "default") for key in r)
+    trained = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r]
+
+    resumed = train_here(*run, "--resume")  # runs what is missing, and nothing else
+    records = read_metrics(tmp_path / "default")
+    assert [r for r in records if "train/loss" in r] == trained
+    final = {k: v for r in records if r.get("step") == 6 for k, v in r.items()}
+    assert "val/loss" in final and {f"zero_shot/{task}/acc" for task in ("boolq", "cb", "piqa")} <= final.keys()
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 0 and "finished 6 steps" in resumed.stdout
+    again = train_here(*run, "--resume")
+    assert "already finished its 6 steps: nothing to do" in again.stdout
+
+
 def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = load_config(None, args(byte_shards, tmp_path, "--optimizer=sophiag", "--max_steps=7", "--batch_size=4",

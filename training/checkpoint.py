@@ -48,7 +48,7 @@ NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
 FORMAT_VERSION = 5
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"},
-             5: {"changes": []}}
+             5: {"changes": [], "evaluating": 0}}
 # What a resume compares: the keys that define what is trained. Of those, the ones that cannot
 # change on resume at all (the checkpoint's tensors, data position and RNG would not fit them).
 RECORDED = keys_with_role("experiment") | keys_with_role("optimizer") | keys_with_role("lr") | keys_with_role("seed")
@@ -94,6 +94,7 @@ class Checkpoint:
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
     parts: dict = field(default_factory=dict)  # {name: state_dict()} of the run's parts with state (training/parts.py)
     changes: list = field(default_factory=list)  # settings changed on resume: {"step", "key", "from", "to"}, in order
+    evaluating: int = 0  # the step whose evaluation a stop interrupted (run first on resume); 0: none
     # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
     # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
     tensors: str = "inline"

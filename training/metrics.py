@@ -3,8 +3,8 @@
 wandb is a convenience, never a dependency of training: if it is missing, cannot start or
 fails while logging, a warning is printed and the run goes on with the JSONL file alone.
 ``MetricsLog`` is the logger as a part of a run (training/parts.py): the main rank logs every
-record, and the optimizer's implementation once at the start (``run_info``). ``Speed`` is the
-run's speed at log steps.
+record, and the optimizer's implementation once at the start (``run_info``). ``TrainLoss`` and
+``Speed`` are the loop's own series at log steps.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from atomic import atomic_write
+from training import distributed
 from training.parts import Part
 
 
@@ -108,6 +109,23 @@ class MetricsLogger:
                 self._wandb.finish()
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"wandb.finish failed ({e})")
+
+
+class TrainLoss(Part):
+    """At log steps: ``train/loss`` (the mean over the kept steps since the last log step and the
+    ranks), the ``lr`` and the ``grad_norm`` of the step, and with nonfinite="skip" the
+    ``skipped_steps`` so far."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def measure(self, step) -> dict[str, float]:
+        run = self.run
+        record = {"train/loss": distributed.all_reduce_mean(run.loss_window.pop_mean(), run.ctx).item(),
+                  "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": run.grad_norm.item()}
+        if run.config.nonfinite == "skip":
+            record["skipped_steps"] = run.nonfinite.skipped
+        return record
 
 
 class Speed(Part):

@@ -45,6 +45,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 
+class EvaluationInterrupted(Exception):
+    """A stop (SIGTERM, Ctrl-C) agreed by the ranks during a part's ``evaluate``: the loop saves
+    with the step's evaluation pending, and a resumed run runs it first."""
+
+
 @dataclass
 class Step:
     """The optimizer step the loop is taking (``number``, 1-based; 0 before the first step)."""

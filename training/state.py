@@ -42,6 +42,7 @@ class RunState:
         self.tokens_per_step = tokens_per_step
         self.step = 0  # optimizer steps taken
         self.changes: list[dict] = []  # settings changed on resume (Checkpoint.changes_on_resume)
+        self.evaluating = 0  # the step whose evaluation a stop interrupted; 0: none
         self.pieces = pieces
         self.parts = {part.name: part for part in parts if part.name is not None}
 
@@ -52,6 +53,7 @@ class RunState:
     def state_dict(self) -> dict:
         """The ``Checkpoint`` fields but the model's and the optimizer's tensors (every rank)."""
         return {"step": self.step, "tokens": self.tokens, "config": self.config, "changes": list(self.changes),
+                "evaluating": self.evaluating,
                 "model_args": vars(self.model.config).copy(), "optim_backends": self.optimizer.backends(),
                 **{name: piece.state_dict() for name, piece in self.pieces.items()},
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
@@ -60,7 +62,7 @@ class RunState:
         """Continue from ``checkpoint`` (a ``Checkpoint``; its model and optimizer state are the
         layout's to load). A piece whose field is empty (a file of an older format version), or a
         part the checkpoint has no state of (a run without that part), keeps its fresh state."""
-        self.step, self.changes = checkpoint.step, list(checkpoint.changes)
+        self.step, self.changes, self.evaluating = checkpoint.step, list(checkpoint.changes), checkpoint.evaluating
         for name, piece in self.pieces.items():
             saved = getattr(checkpoint, name)
             if saved:
