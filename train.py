@@ -40,8 +40,9 @@ from training.state import LossWindow, RankRNG, RunState
 # What takes part in a run beside the model and the optimizer (training/parts.py), in the order the
 # loop calls them (the speed measured before the others measure; the sinks' start-up lines first); a
 # config adds its own after these (extra_parts).
-PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale, qk_clip.QKClip,
-         instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe, ZeroShot)
+PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
+         qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
+         ZeroShot)
 
 # The parts of a training step (Trainer.phase). Gradient reduction runs inside "backward" (DDP's
 # and FSDP2's hooks); "after_step" is the parts' (QK-Clip's clip).

@@ -218,7 +218,8 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
     if not path.is_file():
         for split in SPLITS:  # (shards of other tools have no manifest: the loader lists them)
             if not _split_files(data_dir, split):
-                raise FileNotFoundError(f"no {split!r} shards in data dir {data_dir}; {prepare_hint(data_dir, tokenizer)}")
+                raise FileNotFoundError(f"no {split!r} shards in data dir {data_dir}; "
+                                        f"{prepare_hint(data_dir, tokenizer)}")
         return None
     try:
         manifest = json.loads(path.read_text())

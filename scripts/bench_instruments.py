@@ -45,7 +45,8 @@ def main(argv=None) -> dict:
                                                              f"--micro_batch_size={max(1, config.batch_size // 2)}"],
                                     Path(tmp))
         try:
-            assert trainer.parts.find(GradientNoiseScale) is not None, "the noise scale needs accumulation: batch_size >= 2"
+            assert trainer.parts.find(GradientNoiseScale) is not None, \
+                "the noise scale needs accumulation: batch_size >= 2"
 
             def clipped():
                 with qk_clip.measuring():

@@ -88,7 +88,8 @@ def check_written(points: list[Point], out: Path, add_points: bool) -> None:
         if point.file.is_file():
             written = load_config(str(point.file)).to_dict()
             mine = point.config.to_dict()
-            differing = [f"{key}: written {written[key]!r}, now {mine[key]!r}" for key in mine if written[key] != mine[key]]
+            differing = [f"{key}: written {written[key]!r}, now {mine[key]!r}"
+                         for key in mine if written[key] != mine[key]]
             if differing:
                 raise ConfigError(f"the sweep folder {out} holds point {point.name} with other settings ("
                                   f"{'; '.join(differing)}): a sweep folder holds one sweep; choose another --name")

@@ -23,7 +23,8 @@ def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards,
     path = tmp_path / "default" / CHECKPOINT_NAME
     good = path.read_bytes()
     # lr 1e30: step 5's update overflows the weights, step 6's gradient is NaN.
-    diverged = train_here(*common, "--max_steps=8", "--resume", "--lr=1e30", "--allow_changes=max_steps,lr", check=False)
+    diverged = train_here(*common, "--max_steps=8", "--resume", "--lr=1e30", "--allow_changes=max_steps,lr",
+                          check=False)
     assert diverged.returncode == 1, diverged.stderr[-2000:]
     assert "non-finite gradient at step 6: stopping without saving" in diverged.stderr
     assert f"The last good checkpoint is {path} at step 4" in diverged.stderr

@@ -591,9 +591,11 @@ def test_build_gets_the_published_settings_unless_told_otherwise():
     model = TinyGPT()
     merit = optim.build("MERIT", model, lr=2e-4)
     assert isinstance(merit, MERIT)
-    assert (merit.defaults["betas"], merit.defaults["eps"], merit.param_groups[0]["weight_decay"]) == ((0.9, 0.95), 1e-6, 1e-2)
+    assert (merit.defaults["betas"], merit.defaults["eps"], merit.param_groups[0]["weight_decay"]) == (
+        (0.9, 0.95), 1e-6, 1e-2)
     adamw = optim.build("adamw", model, lr=2e-4)
-    assert (adamw.defaults["betas"], adamw.defaults["eps"], adamw.param_groups[0]["weight_decay"]) == ((0.9, 0.95), 1e-8, 0.1)
+    assert (adamw.defaults["betas"], adamw.defaults["eps"], adamw.param_groups[0]["weight_decay"]) == (
+        (0.9, 0.95), 1e-8, 0.1)
     # Muon: Moonlight's recipe (AdamW's lr rule, decay 0.1, betas (0.9, 0.95)), as a config gets it.
     muon = optim.build("muon", model, lr=2e-4)
     assert (muon.defaults["adjust_lr"], muon.defaults["weight_decay"], muon.defaults["betas"]) == (

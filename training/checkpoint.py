@@ -160,7 +160,8 @@ class Checkpoint:
                              f"checkpoint's settings or start a new run_name")
         if self.step > total_steps:
             raise ValueError(f"the checkpoint {path} is at step {self.step}, past this config's {total_steps} steps: "
-                             f"raise max_steps (or max_tokens) with --allow_changes=max_steps (max_tokens) to continue the run")
+                             f"raise max_steps (or max_tokens) with --allow_changes=max_steps (max_tokens) to continue "
+                             f"the run")
         if 0 < config["stop_at_step"] <= self.step:
             raise ValueError(f"stop_at_step={config['stop_at_step']} is not past the checkpoint's step {self.step}: "
                              f"nothing would train; raise stop_at_step or leave it out")
@@ -168,7 +169,8 @@ class Checkpoint:
         refused = {key: pair for key, pair in changed.items() if key not in allowed}
         if refused:
             raise ValueError(f"resuming {path} at step {self.step} would change what the run trains ("
-                             + "; ".join(f"{key}: checkpoint {old!r}, now {new!r}" for key, (old, new) in refused.items())
+                             + "; ".join(f"{key}: checkpoint {old!r}, now {new!r}"
+                                         for key, (old, new) in refused.items())
                              + f"): resume with the checkpoint's settings, or apply the changes from step {self.step} "
                              f"on with --allow_changes={','.join(sorted(allowed - {''} | refused.keys()))}")
         return [{"step": self.step, "key": key, "from": old, "to": new} for key, (old, new) in changed.items()]

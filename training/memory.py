@@ -105,8 +105,9 @@ class Memory(Part):
             self.print_due = False
             largest = self.measure(step)
             if self.run.ctx.is_main:
-                tqdm.write(f"memory per rank ({self.run.layout.strategy}, the largest of {self.run.ctx.world_size}, MiB): "
-                      + ", ".join(f"{key.removeprefix('memory/')} {value:.1f}" for key, value in largest.items()))
+                sizes = ", ".join(f"{key.removeprefix('memory/')} {value:.1f}" for key, value in largest.items())
+                tqdm.write(f"memory per rank ({self.run.layout.strategy}, the largest of {self.run.ctx.world_size}, "
+                           f"MiB): {sizes}")
 
     def measure(self, step: Step) -> dict[str, float]:
         """This rank's ``report``, each number the largest over the ranks (every rank calls it)."""

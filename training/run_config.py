@@ -6,8 +6,8 @@ the registry, the optimizer backend, and the device against the machine. (The ze
 are the evaluator's, which nothing in training/ imports: train.py checks them at start-up.) Then
 every hyper-parameter of the optimizer is resolved once, with its source (``optim.Settings``):
 "set" by the config, its "published" GPT-2 value (optim/published.py) or its constructor's
-"default"; the run builds its optimizer from them. The resolved config is what the run trains with and records (config.json, every
-checkpoint, wandb); resolving a recorded config gives it back.
+"default"; the run builds its optimizer from them. The resolved config is what the run trains
+with and records (config.json, every checkpoint, wandb); resolving a recorded config gives it back.
 """
 from __future__ import annotations
 
