@@ -18,7 +18,12 @@ min_lr are for ``--base-batch`` (default: the base config's batch_size) and are 
 batch / base (``linear``), its square root (``sqrt``, the Adam-family rule) or 1 (``none``).
 Warmup scaling (``--warmup-scaling``): the base config's warmup at the base batch is kept as
 the same number of steps at every batch (``steps``), as the same number of tokens (``tokens``:
-fewer steps at larger batches), or left as the config says (``none``).
+fewer steps at larger batches), or left as the config says (``none``). Beta scaling
+(``--beta-scaling half-life``, Marek et al. 2025, "Small Batch Size Training for Language
+Models"): the decays ``--scale-betas`` names (beta2 by default; beta1, Muon's momentum) keep
+their half-life in tokens, beta_new = beta ** (batch / base batch), from their resolved value at
+the base batch (the config's, or the optimizer's published one); the report then says which
+value went with each batch.
 
 ``--launch local`` runs the points one after another with torchrun (``--nproc-per-node``; one
 process runs train.py directly; or ``--jobs`` of them at once, for small CPU runs), each with
@@ -38,8 +43,8 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError
-from study.sweep import (SCALINGS, check_written, key_value, launch_local, parse_values, plan, table, write_points,
-                         write_sbatch)
+from study.sweep import (BETAS, SCALINGS, check_written, key_value, launch_local, parse_values, plan, table,
+                         write_points, write_sbatch)
 
 
 def main(argv=None) -> None:
@@ -51,6 +56,12 @@ def main(argv=None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a change to the base")
     parser.add_argument("--lr-scaling", choices=list(SCALINGS), default="none")
     parser.add_argument("--warmup-scaling", choices=["none", "steps", "tokens"], default="none")
+    parser.add_argument("--beta-scaling", choices=["none", "half-life"], default="none",
+                        help="half-life: scale the decays of --scale-betas from --base-batch, their half-life "
+                             "fixed in tokens")
+    parser.add_argument("--scale-betas", default="beta2", metavar="KEYS",
+                        help=f"with --beta-scaling half-life, the decays scaled: any of {','.join(BETAS)} "
+                             f"(default beta2)")
     parser.add_argument("--base-batch", type=int, help="the batch the lr is given for (default: the config's)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     parser.add_argument("--add-points", action="store_true",
@@ -76,7 +87,12 @@ def main(argv=None) -> None:
             key, values = key_value(text, "--grid")
             grid[key] = parse_values(values)
         fixed = [f"--{key}={value}" for key, value in (key_value(t, "--set") for t in args.set)]
-        points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch)
+        betas = (tuple(key.strip() for key in args.scale_betas.split(","))
+                 if args.beta_scaling == "half-life" else ())
+        unknown = sorted(set(betas) - set(BETAS))
+        if unknown:
+            raise ConfigError(f"--scale-betas {args.scale_betas}: {', '.join(unknown)} not one of {', '.join(BETAS)}")
+        points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch, betas)
         check_written(points, out, args.add_points)
     except (ConfigError, ValueError) as error:
         sys.exit(f"sweep: {error}")

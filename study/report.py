@@ -48,8 +48,14 @@ def _lr(selection: Selection) -> str:
 
 
 def batch_values(study: Study) -> dict[str, list[tuple[int, object]]]:
-    """The schedule keys that vary with the batch alone, with each batch's value."""
-    return {key: sorted({(r.batch_size, dict(r.point)[key]) for r in study.runs}) for key in study.with_batch}
+    """The schedule keys that vary with the batch alone, and each optimizer's decays that do
+    ("adamw's beta2"), with each batch's value."""
+    values = {key: sorted({(r.batch_size, dict(r.point)[key]) for r in study.runs}) for key in study.with_batch}
+    for optimizer, keys in sorted(study.with_batch_of.items()):
+        for key in keys:
+            values[f"{optimizer}'s {key.removeprefix('optimizer_options.')}"] = sorted(
+                {(r.batch_size, dict(r.point)[key]) for r in study.runs if r.config["optimizer"] == optimizer})
+    return values
 
 
 def loss_table(study: Study, best: dict, report_on: str) -> str:

@@ -43,6 +43,9 @@ OPTIMIZER_KEYS = keys_with_role("optimizer")
 # Schedule keys a batch sweep at a fixed token budget derives from the batch: where each batch has
 # one value of such a key, it goes with the batch (the table's columns), not into the labels.
 BATCH_SCHEDULE_KEYS = ("warmup_steps", "warmup_tokens", "max_steps")
+# An optimizer's decays a sweep may scale with the batch (--beta-scaling half-life): where each of
+# that optimizer's batches has one value, they go with the batch too.
+BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "batch_size",
@@ -152,6 +155,15 @@ class Run:
         return None
 
 
+def _batch_only(runs: list[Run], varying: list[str], candidates: tuple[str, ...]) -> list[str]:
+    """The keys of ``varying`` among ``candidates`` that take one value at each batch of ``runs``."""
+    by_batch: dict[str, dict[int, set]] = {}
+    for run in runs:
+        for key in candidates:
+            by_batch.setdefault(key, {}).setdefault(run.batch_size, set()).add(dict(run.point).get(key))
+    return [key for key in varying if key in by_batch and all(len(values) == 1 for values in by_batch[key].values())]
+
+
 def _optimizer_key(key: str) -> bool:
     return key.partition(".")[0] in OPTIMIZER_KEYS  # (an option's key is "optimizer_options.<name>")
 
@@ -197,20 +209,20 @@ class Study:
             self.varying[optimizer] = sorted(
                 key for key in values if _optimizer_key(key) == (optimizer is not None)
                 and (len(values[key]) > 1 or any(key not in dict(run.point) for run in members)))
-        by_batch: dict[str, dict[int, set]] = {}
-        for run in runs:
-            for key in BATCH_SCHEDULE_KEYS:
-                by_batch.setdefault(key, {}).setdefault(run.batch_size, set()).add(dict(run.point).get(key))
-        # The keys that vary only with the batch: said once, in the report's notes.
-        self.with_batch = [key for key in self.varying[None] if key in by_batch
-                           and all(len(values) == 1 for values in by_batch[key].values())]
+        # The keys that vary only with the batch: said once, in the report's notes; an optimizer's
+        # decays among its own runs.
+        self.with_batch = _batch_only(runs, self.varying[None], BATCH_SCHEDULE_KEYS)
+        self.with_batch_of = {optimizer: _batch_only([r for r in runs if r.config["optimizer"] == optimizer],
+                                                     keys, BATCH_DECAY_KEYS)
+                              for optimizer, keys in self.varying.items() if optimizer is not None}
 
     def label(self, run: Run) -> str:
         """The run's point without its batch: the optimizer, then every other key that varies."""
         point = dict(run.point)
         keys = [*self.varying[None], *self.varying[run.config["optimizer"]]]
+        with_batch = [*self.with_batch, *self.with_batch_of.get(run.config["optimizer"], [])]
         rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in keys
-                if key not in LABELLED and key not in self.with_batch]
+                if key not in LABELLED and key not in with_batch]
         return ", ".join([run.optimizer_label, *rest])
 
     def points(self) -> dict[tuple[str, int], dict[float, list[Run]]]:

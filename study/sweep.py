@@ -34,6 +34,8 @@ from training.run_config import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALINGS = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
+# The decays --beta-scaling half-life may scale: Adam's beta2 and beta1, Muon's momentum.
+BETAS = ("beta2", "beta1", "momentum")
 # Short labels of the usual grid keys in point names.
 TAGS = {"optimizer": "", "batch_size": "b", "lr": "lr", "seed": "s", "data_seed": "d"}
 
@@ -121,9 +123,22 @@ def key_value(text: str, flag: str) -> tuple[str, str]:
     return key, value
 
 
+def half_life_betas(config: TrainConfig, ratio: float, betas: tuple[str, ...]) -> dict:
+    """The changes that keep the half-life of ``betas`` (each of BETAS the config has: the resolved
+    beta1 and beta2, Muon's momentum) fixed in tokens when the tokens a step grow by ``ratio``
+    (Marek et al. 2025, docs/study.md): beta ** ratio."""
+    changes = {key: getattr(config, key) ** ratio for key in betas
+               if key in ("beta1", "beta2") and getattr(config, key) is not None}
+    if "momentum" in betas and "momentum" in config.optimizer_options:
+        changes["optimizer_options"] = {**config.optimizer_options,
+                                        "momentum": config.optimizer_options["momentum"] ** ratio}
+    return changes
+
+
 def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scaling: str,
-         warmup_scaling: str, base_batch: int | None) -> list[Point]:
-    """The points of the grid, each a checked, resolved config (nothing is written)."""
+         warmup_scaling: str, base_batch: int | None, betas: tuple[str, ...] = ()) -> list[Point]:
+    """The points of the grid, each a checked, resolved config (nothing is written). ``betas``:
+    the decays scaled from the base batch by their half-life in tokens (half_life_betas)."""
     base_config = load_config(base, fixed)
     base_batch = base_batch or base_config.batch_size
     block = base_config.model_config(1).block_size
@@ -144,6 +159,9 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
         name = point_name(chosen) or "base"
         config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
                                                     resume="auto", overwrite=False)).config
+        if betas:  # (of the resolved values: the published ones are the base batch's)
+            config = resolve_config(dataclasses.replace(
+                config, **half_life_betas(config, config.batch_size / base_batch, betas))).config
         if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
             check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
         config.steps(block)  # a warmup longer than the run is an error here, not at launch
@@ -177,14 +195,14 @@ def write_points(points: list[Point], base: str, command: str) -> None:
 
 
 def table(points: list[Point]) -> str:
-    header = ["point", "optimizer", "batch", "lr", "min_lr", "warmup", "steps", "tokens", "seed", "data_seed",
-              "status"]
+    header = ["point", "optimizer", "batch", "lr", "min_lr", "beta2", "warmup", "steps", "tokens", "seed",
+              "data_seed", "status"]
     rows = [header]
     for p in points:
         c = p.config
         total, warmup = c.steps(c.model_config(1).block_size)
-        rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", str(warmup),
-                     str(total), f"{total * c.batch_size * c.model_config(1).block_size:,}", str(c.seed),
+        rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", f"{c.beta2:.6g}",
+                     str(warmup), str(total), f"{total * c.batch_size * c.model_config(1).block_size:,}", str(c.seed),
                      str(c.data_seed), p.status()])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

@@ -3,6 +3,7 @@ points skipped, an interrupted one resumed; one-process points run without torch
 mini-study's, tests/test_mini_study.py), and the SLURM array script. (The report and figures of
 real runs: tests/test_mini_study.py.)"""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 from configs import ConfigError, load_config
 from eval.samples import write_fixtures
 from helpers import ROOT, TINY, train_here
+from study.report import report
+from study.runs import Run, Study
 from study.sweep import plan
 
 BASE = dict(TINY, log_interval=2, batch_size=4, micro_batch_size=2, max_steps=4, warmup_steps=2, lr=0.01,
@@ -150,3 +153,42 @@ def test_a_sweep_folder_holds_one_sweep_and_a_point_is_what_its_file_says(tmp_pa
     launched = sweep(base, *first, "--launch=local", check=False)
     assert launched.returncode == 1 and "lr0.01: FAILED: its folder holds another run: max_steps 6, not 4" \
         in launched.stdout + launched.stderr
+
+
+def test_half_life_beta_scaling_keeps_each_decay_s_half_life_in_tokens(tmp_path, byte_shards):
+    """beta_new = beta ** (T_new / T_old) (Marek et al. 2025) from the resolved value at the base
+    batch: a half-life of t tokens, t = T ln(0.5) / ln(beta), the same at every batch."""
+    base = base_config(tmp_path, byte_shards, max_steps=40)
+    grid = {"optimizer": ["adamw", "muon"], "batch_size": [4, 16, 64]}
+    plain = {(p.config.optimizer, p.config.batch_size): p.config for p in plan(
+        str(base), grid, [], tmp_path, "none", "none", base_batch=16)}
+    scaled = {(p.config.optimizer, p.config.batch_size): p.config for p in plan(
+        str(base), grid, [], tmp_path, "none", "none", base_batch=16, betas=("beta2", "momentum"))}
+    tokens = 32  # block_size: tokens a step are batch x 32
+
+    def half_life(beta, batch):
+        return batch * tokens * math.log(0.5) / math.log(beta)
+
+    for optimizer in ("adamw", "muon"):
+        at_base = plain[optimizer, 16]
+        assert scaled[optimizer, 16].beta2 == at_base.beta2  # the base batch keeps the published value
+        for batch in (4, 64):
+            config = scaled[optimizer, batch]
+            assert half_life(config.beta2, batch) == pytest.approx(half_life(at_base.beta2, 16), rel=1e-12)
+            assert config.beta1 == at_base.beta1  # not asked for
+        assert scaled[optimizer, 4].beta2 > at_base.beta2 > scaled[optimizer, 64].beta2  # a smaller batch: nearer 1
+    muon = scaled["muon", 64].optimizer_options["momentum"]  # Muon's momentum 0.95 published, x4 the tokens
+    assert muon == pytest.approx(0.95 ** 4, rel=1e-12)
+    assert scaled["adamw", 64].beta2 == pytest.approx(0.95 ** 4, rel=1e-12)  # AdamW's published beta2 0.95
+    result = sweep(base, "--name=betas", f"--out-dir={tmp_path}", "--grid=batch_size=4,16", "--base-batch=16",
+                   "--beta-scaling=half-life", "--dry-run")
+    assert rows(result.stdout)["b4"]["beta2"] == f"{0.95 ** 0.25:.6g}"
+
+    # The report: each optimizer's beta2 goes with the batch (named once), not into the points' labels.
+    runs = [Run(tmp_path / f"{name[0]}_{name[1]}", config.to_dict(), [{"step": 40, "val/loss": 2.0}])
+            for name, config in scaled.items()]
+    assert {Study(runs).label(run) for run in runs} == {"adamw", "muon"}
+    text = report(runs, target=None)
+    assert (f"adamw's beta2 goes with the batch (batch 4: {0.95 ** 0.25}, batch 16: 0.95, batch 64: {0.95 ** 4})"
+            in text), text
+    assert "muon's momentum goes with the batch (batch 4: " in text
