@@ -150,7 +150,7 @@ def test_a_sweep_folder_holds_one_sweep_and_a_point_is_what_its_file_says(tmp_pa
     train_here(str(point / "point.py"), "--max_steps=6", f"--out_dir={tmp_path / 'one'}")
     status = rows(sweep(base, *first, "--dry-run").stdout)["lr0.01"]["status"]
     assert status == "another run: max_steps 6, not 4"
-    launched = sweep(base, *first, "--launch=local", check=False)
+    launched = sweep(base, "--name=one", f"--out-dir={tmp_path}", "--grid=lr=0.01", "--launch=local", check=False)
     assert launched.returncode == 1 and "lr0.01: FAILED: its folder holds another run: max_steps 6, not 4" \
         in launched.stdout + launched.stderr
 

@@ -36,8 +36,9 @@ def wandb_records(path):
 
 
 def read_run(run_dir):
-    """(run ids, history rows) over the offline runs in run_dir/wandb, in the order written."""
-    ids, rows = [], []
+    """(run ids, history rows, the config's updates) over the offline runs in run_dir/wandb, in
+    the order written."""
+    ids, rows, config = [], [], {}
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         for record in wandb_records(path):
             kind = record.WhichOneof("record_type")
@@ -46,16 +47,20 @@ def read_run(run_dir):
             elif kind == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})
-    return ids, rows
+            elif kind == "config":
+                config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+    return ids, rows, config
 
 
 def test_an_offline_run_holds_the_metrics_and_a_resumed_run_continues_its_id(byte_shards, tmp_path):
     common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}"]
     first = train_here(*common, "--stop_at_step=2")
     assert "wandb could not start" not in first.stderr + first.stdout
-    train_here(*common, "--resume")
+    train_here(*common, "--resume", "--z_loss=0.001", "--allow_changes=z_loss")  # a change, recorded
     run_dir = tmp_path / "default"
-    ids, rows = read_run(run_dir)
+    ids, rows, config = read_run(run_dir)
+    assert config["event"] == {"changes": [{"step": 2, "key": "z_loss", "from": 0.0, "to": 0.001}]}
+    assert "run_info" in config
     assert len(ids) == 2 and ids[0] == ids[1] == (run_dir / "wandb_id.txt").read_text()  # one wandb run
     logged = [r for r in read_metrics(run_dir) if "step" in r]
     assert [r["step"] for r in logged if "train/loss" in r] == [2, 4]

@@ -18,6 +18,8 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
+
 from atomic import atomic_write
 from training import distributed
 from training.parts import Part
@@ -138,7 +140,6 @@ class Speed(Part):
         self.run = run
         self.peak_flops = run.config.peak_flops
         if self.peak_flops is None and run.device.type == "cuda":
-            import torch  # (a CUDA device: torch is loaded)
             self.peak_flops = peak_bf16_flops(torch.cuda.get_device_name(run.device))
         self.start()
 
@@ -150,7 +151,6 @@ class Speed(Part):
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":
-            import torch
             torch.cuda.synchronize(self.run.device)
         now = time.perf_counter()
         tokens_per_s = self.steps * self.run.tokens_per_step / (now - self.since)
