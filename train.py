@@ -20,7 +20,7 @@ import torch
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from configs import load_config, save_config, usage
+from configs import SCALINGS, load_config, save_config, usage
 from data.loader import ShardTokenError, TokenLoader
 from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
@@ -33,7 +33,7 @@ from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
 from training.run_config import RunConfig, compute_dtype, resolve_config
-from training.schedule import learning_rate
+from training.batch_schedule import BatchSchedule, half_life_betas
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
@@ -64,7 +64,6 @@ class Trainer:
         folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
         verify_manifest(config.data_dir, config.tokenizer)
-        self.grad_accum = config.grad_accum_steps(self.ctx.world_size)
 
         self.dtype = dtype = compute_dtype(config.dtype, self.device)
         self.autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext())
@@ -72,27 +71,26 @@ class Trainer:
         self.tokenizer = get_tokenizer(config.tokenizer)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model_config = config.model_config(self.tokenizer.n_vocab)
+        block = self.model_config.block_size
+        self.plan_batches(BatchSchedule.of(config, block))
         self.model = GPT(self.model_config).to(self.device)
         self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = run.build_optimizer(
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
-            batch_tokens=config.batch_size * self.model_config.block_size, zero_redundancy=self.layout.zero_redundancy)
+            batch_tokens=self.schedule.tokens_per_step(0), zero_redundancy=self.layout.zero_redundancy)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
-        block = self.model_config.block_size
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
                                    vocab_size=self.tokenizer.n_vocab)
         self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
                                         world_size=self.ctx.world_size, seed=config.data_seed, **self.loader_options)
-        self.total_steps, self.warmup_steps = config.steps(block)
-        self.tokens_per_step = config.batch_size * block
         self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
         self.checkpoint_steps = []  # of this invocation's checkpoints (and the resumed one), oldest first
         self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.device, self.run_dir,
                                         self.checkpoint_steps)
         self.parts = Parts.build([*PARTS, *imported(config.extra_parts)], self)
         # Everything a checkpoint holds (training/state.py); the layout saves and loads it.
-        self.state = RunState(self.model, self.optimizer, config=config.to_dict(), tokens_per_step=self.tokens_per_step,
+        self.state = RunState(self.model, self.optimizer, config=config.to_dict(), schedule=self.schedule,
                               parts=self.parts, scaler=self.scaler, train_loader=self.train_loader,
                               train_window=self.loss_window, rng=RankRNG(self.ctx))
         if self.resuming:
@@ -104,6 +102,36 @@ class Trainer:
         self.phase = record_function
         self.signals = StopSignals(self.ctx.is_main)
         self.run_lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
+
+    def plan_batches(self, schedule: BatchSchedule, step: int = 0) -> None:
+        """Train by ``schedule`` (training/batch_schedule.py) from after ``step`` steps: the run's
+        length, its lr schedule in tokens, the batch of the next step."""
+        config = self.config
+        schedule.check_divisible(config.micro_batch_size, self.ctx.world_size, from_step=step)
+        self.schedule = schedule
+        self.total_steps, self.warmup_steps = schedule.lengths(config)
+        self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
+        self.batch_phase = None  # the phase the loop trains in (enter_phase)
+        self.enter_phase(step)
+
+    def enter_phase(self, step: int) -> None:
+        """Take the next step (after ``step`` steps) with its phase's batch, if it has not yet: the
+        accumulation, what the optimizer scales by the batch (Sophia-G's Hessian scale) and, by
+        ``batch_half_life_betas``, the decays (beta ** (B / B0), B0 the config's first batch)."""
+        phase = self.schedule.phase_index(step)
+        if phase == self.batch_phase:
+            return
+        self.batch_phase, c = phase, self.config
+        self.grad_accum = self.schedule.accumulation(step, c.micro_batch_size, self.ctx.world_size)
+        if hasattr(self, "optimizer"):
+            self.optimizer.set_batch_tokens(self.schedule.tokens_per_step(step))
+            if c.batch_half_life_betas:
+                decays = half_life_betas(c, self.schedule.ratio(step), tuple(c.batch_half_life_betas.split(",")))
+                for group in self.optimizer.param_groups:
+                    if "betas" in group:
+                        group["betas"] = (decays.get("beta1", c.beta1), decays.get("beta2", c.beta2))
+                    if "momentum" in group and "optimizer_options" in decays:
+                        group["momentum"] = decays["optimizer_options"]["momentum"]
 
     @property
     def step(self) -> int:
@@ -153,10 +181,11 @@ class Trainer:
     def train_step(self, step: Step) -> torch.Tensor:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
         no host sync; nonfinite="skip" drops a non-finite update on the device, "stop" raises later)."""
-        c = self.config
+        self.enter_phase(self.step)
+        lr = self.lr_schedule(self.state.tokens, self.schedule.tokens_per_step(self.step),
+                              scale=SCALINGS[self.config.batch_lr_scaling](self.schedule.ratio(self.step)))
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(step.number - 1, total=self.total_steps, warmup=self.warmup_steps, lr=c.lr,
-                                        min_lr=c.min_lr, schedule=c.lr_schedule, decay_fraction=c.decay_fraction)
+            group["lr"] = lr
         self.parts.call("before_step", step)
         z_loss = self.config.z_loss
         total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss, logits=False)[1],
@@ -255,6 +284,11 @@ class Trainer:
 
     def restore(self):
         checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
+        # The phases up to the checkpoint's step are the run's record, the rest the config's.
+        self.plan_batches(BatchSchedule.of(self.config, self.model_config.block_size,
+                                           BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step),
+                          checkpoint.step)
+        self.state.schedule = self.schedule
         changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path, self.total_steps)
         self.layout.load(self.state, checkpoint, path)
         self.state.changes += changes  # (each named by allow_changes)

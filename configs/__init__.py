@@ -55,6 +55,12 @@ ROLES = {
 }
 
 
+# How the lr follows a batch ratio B / B0: a batch schedule's batch_lr_scaling, a sweep's --lr-scaling.
+SCALINGS = {"sqrt": math.sqrt, "linear": lambda ratio: ratio, "none": lambda ratio: 1.0}
+# The decays a batch change may scale by their half-life in tokens: Adam's beta2 and beta1, Muon's momentum.
+BETAS = ("beta2", "beta1", "momentum")
+
+
 def role(name: str, default=dataclasses.MISSING, default_factory=dataclasses.MISSING):
     """A TrainConfig field with the role ``name`` (one of ROLES) and its default."""
     return field(default=default, default_factory=default_factory, metadata={"role": name})
@@ -100,12 +106,21 @@ class TrainConfig:
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---
     batch_size: int = role("experiment", 64)  # sequences per optimizer step over all ranks
     micro_batch_size: int = role("bookkeeping", 16)  # sequences per forward pass on one rank
+    # [(tokens, batch), ...]: the global batch from each token count on, the first (0, batch_size),
+    # each change by an integer factor, taking effect at the first step at or after its tokens
+    # (docs/batch.md); []: batch_size throughout
+    batch_schedule: list = role("experiment", default_factory=list)
+    # how lr and min_lr follow a scheduled batch B: x sqrt(B / B0) ("sqrt"), x B / B0 ("linear") or "none"
+    batch_lr_scaling: str = role("experiment", "sqrt")
+    # the decays held at a fixed half-life in tokens as the batch changes, beta ** (B / B0): any of
+    # "beta2", "beta1", "momentum" (Muon's), comma-separated; "": unchanged
+    batch_half_life_betas: str = role("experiment", "")
 
     # --- schedule: lengths in steps or in tokens (set exactly one of each pair) ---
     max_steps: int = role("experiment", 0)  # the run's length in optimizer steps
-    max_tokens: int = role("experiment", 0)  # ... or in training tokens (max_tokens // (batch_size x block_size) steps)
+    max_tokens: int = role("experiment", 0)  # ... or in training tokens (the whole steps that fit in it)
     warmup_steps: int = role("experiment", 0)  # linear warmup from 0 to lr, in steps
-    warmup_tokens: int = role("experiment", 0)  # ... or in tokens (a warmup that stays put when the batch changes)
+    warmup_tokens: int = role("experiment", 0)  # ... or in tokens (the whole steps that fit in it)
     # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
     lr_schedule: str = role("experiment", "cosine")
     decay_fraction: float = role("experiment", 0.2)  # wsd: the last fraction of training decays linearly to min_lr
@@ -197,6 +212,12 @@ class TrainConfig:
             if getattr(self, key) is not None:
                 setattr(self, key, os.path.expandvars(os.path.expanduser(getattr(self, key))))
         _check(self.batch_size > 0 and self.micro_batch_size > 0, "batch_size and micro_batch_size must be > 0")
+        self.batch_schedule = _batch_schedule(self.batch_schedule, self.batch_size)
+        _check(self.batch_lr_scaling in SCALINGS, f"batch_lr_scaling={self.batch_lr_scaling!r}: use "
+                                                  f"{', '.join(map(repr, SCALINGS))}")
+        unknown = set(self.batch_half_life_betas.split(",")) - {""} - set(BETAS)
+        _check(not unknown, f"batch_half_life_betas={self.batch_half_life_betas!r}: {', '.join(sorted(unknown))} "
+                            f"is not a decay it can scale; use any of {', '.join(BETAS)}, comma-separated")
         _check((self.max_steps > 0) != (self.max_tokens > 0),
                f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")
         _check(not (self.warmup_steps and self.warmup_tokens),
@@ -251,24 +272,6 @@ class TrainConfig:
                f"vocab_size={config.vocab_size} is smaller than the tokenizer's {n_vocab} tokens")
         return config
 
-    def grad_accum_steps(self, world_size: int) -> int:
-        per_step = self.micro_batch_size * world_size
-        _check(self.batch_size % per_step == 0,
-               f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size} "
-               f"x world_size={world_size} = {per_step}: make batch_size a multiple of {per_step}, "
-               f"or choose micro_batch_size so that micro_batch_size x world_size divides batch_size")
-        return self.batch_size // per_step
-
-    def steps(self, block_size: int) -> tuple[int, int]:
-        """(total optimizer steps, warmup steps), converting token budgets at batch x block tokens a step."""
-        tokens_per_step = self.batch_size * block_size
-        total = self.max_steps or self.max_tokens // tokens_per_step
-        warmup = self.warmup_steps or self.warmup_tokens // tokens_per_step
-        _check(total > 0, f"max_tokens={self.max_tokens} is less than one step of {tokens_per_step} tokens")
-        _check(warmup <= total, f"the warmup ({warmup} steps) is longer than the run ({total} steps): shorten "
-                                f"warmup_steps / warmup_tokens or lengthen the run")
-        return total, warmup
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -280,6 +283,27 @@ class ConfigError(ValueError):
 def _check(ok: bool, message: str):
     if not ok:
         raise ConfigError(message)
+
+
+def _batch_schedule(entries: list, batch_size: int) -> list[list[int]]:
+    """``batch_schedule`` checked, as [[tokens, batch], ...] (whole numbers: 2e6 is 2000000)."""
+    if not entries:
+        return []
+    pairs = []
+    for entry in entries:
+        whole = [int(v) for v in entry if isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and float(v).is_integer()] if isinstance(entry, (list, tuple)) else []
+        _check(len(whole) == 2 == len(entry), f"batch_schedule entry {entry!r}: each entry is (tokens, global "
+                                              f"batch), two whole numbers, e.g. [(0, 64), (2_000_000, 128)]")
+        pairs.append(whole)
+    _check(pairs[0] == [0, batch_size], f"batch_schedule starts with {tuple(pairs[0])}: its first entry is (0, "
+                                        f"batch_size) = (0, {batch_size}); set batch_size to the first batch")
+    for (tokens, batch), (next_tokens, next_batch) in zip(pairs, pairs[1:]):
+        _check(next_tokens > tokens, f"batch_schedule: the token counts must increase ({tokens}, then {next_tokens})")
+        _check(next_batch > 0 and next_batch != batch and max(batch, next_batch) % min(batch, next_batch) == 0,
+               f"batch_schedule: batch {batch} -> {next_batch} at {next_tokens} tokens: each change multiplies or "
+               f"divides the batch by an integer > 1")
+    return pairs
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -336,6 +360,8 @@ def _coerce(key: str, value, where: str):
             return float(value)
         if kind is not float and kind is not type(None) and type(value) is kind:
             return value
+        if kind is list and type(value) is tuple:  # a config file's (0, 64) pairs, as JSON keeps them
+            return list(value)
     names = " or ".join("None" if k is type(None) else k.__name__ for k in allowed)
     raise ConfigError(f"config key '{key}' in {where} must be {names}, got {type(value).__name__} {value!r}")
 

@@ -74,6 +74,10 @@ class TrainingHooks:
         elif not found_inf.item():
             self.step()
 
+    def set_batch_tokens(self, tokens: int) -> None:
+        """The tokens of the coming steps' global batch, set by the training loop before the first
+        step and where a batch schedule changes it; nothing scales by it by default."""
+
     def extra_pass_due(self, step: int) -> bool:
         """Whether an extra pass follows optimizer step ``step`` (1-based); never by default."""
         return False

@@ -74,6 +74,9 @@ class SophiaG(Optimizer):
             self.record_diagnostics(group, index, win_rate=won / numel,
                                     hessian_norm=sharding.total(h.square().sum(), shards).sqrt())
 
+    def set_batch_tokens(self, tokens: int) -> None:
+        self.batch_tokens = tokens  # the Hessian scale follows a scheduled batch
+
     def extra_pass_due(self, step: int) -> bool:
         """Whether the Hessian estimate is refreshed after optimizer step ``step`` (1-based)."""
         return step % self.hessian_interval == 0

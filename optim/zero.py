@@ -87,6 +87,9 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
         dist.all_gather_object(parts, self.optim.pop_diagnostics(), group=self.process_group)
         return {key: value for part in parts for key, value in part.items()}
 
+    def set_batch_tokens(self, tokens: int) -> None:
+        self.optim.set_batch_tokens(tokens)
+
     def extra_pass_due(self, step: int) -> bool:
         return self.optim.extra_pass_due(step)
 

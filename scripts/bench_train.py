@@ -215,7 +215,7 @@ def main(argv=None) -> dict:
 
     # Means, not medians: Sophia-G's extra pass every 10 steps belongs to its average step.
     mean = {name: statistics.fmean(times) for name, times in step_ms.items()}
-    tokens_per_s = first.tokens_per_step / (mean[names[0]] / 1e3)
+    tokens_per_s = first.schedule.tokens_per_step(first.step) / (mean[names[0]] / 1e3)
     flops = model.flops_per_token() * tokens_per_s
     m, speed = first.model_config, first.parts.find(Speed)
     label = names[0] or config.optimizer

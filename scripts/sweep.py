@@ -42,8 +42,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from configs import ConfigError
-from study.sweep import (BETAS, SCALINGS, check_written, key_value, launch_local, parse_values, plan, table,
+from configs import BETAS, SCALINGS, ConfigError
+from study.sweep import (check_written, key_value, launch_local, parse_values, plan, table,
                          write_points, write_sbatch)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from atomic import atomic_write
 from configs import TrainConfig, keys_with_role
+from training.batch_schedule import run_lengths
 from training.instruments import is_layer_key
 
 # The keys a point leaves out, by their role in the schema: how a run was run or recorded, and what
@@ -104,8 +105,7 @@ class Run:
 
     @functools.cached_property
     def total_steps(self) -> int:
-        config = TrainConfig(**self.config)
-        return config.steps(config.model_config(1).block_size)[0]
+        return run_lengths(TrainConfig(**self.config))[0]
 
     @property
     def finished(self) -> bool:

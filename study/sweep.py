@@ -13,7 +13,6 @@ import ast
 import dataclasses
 import itertools
 import json
-import math
 import os
 import re
 import shlex
@@ -26,16 +25,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from atomic import atomic_write
-from configs import ConfigError, TrainConfig, load_config
+from configs import SCALINGS, ConfigError, TrainConfig, load_config
 from eval.tasks import check_zero_shot
 from study.runs import read_records
+from training.batch_schedule import half_life_betas, run_lengths
 from training.checkpoint import RECORDED, numbered
 from training.run_config import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALINGS = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
-# The decays --beta-scaling half-life may scale: Adam's beta2 and beta1, Muon's momentum.
-BETAS = ("beta2", "beta1", "momentum")
 # Short labels of the usual grid keys in point names.
 TAGS = {"optimizer": "", "batch_size": "b", "lr": "lr", "seed": "s", "data_seed": "d"}
 
@@ -52,7 +49,7 @@ class Point:
         return self.folder / "point.py"
 
     def total_steps(self) -> int:
-        return self.config.steps(self.config.model_config(1).block_size)[0]
+        return run_lengths(self.config)[0]
 
     def status(self) -> str:
         """"finished" (its run is this point's, and its metrics hold the final validation loss),
@@ -123,18 +120,6 @@ def key_value(text: str, flag: str) -> tuple[str, str]:
     return key, value
 
 
-def half_life_betas(config: TrainConfig, ratio: float, betas: tuple[str, ...]) -> dict:
-    """The changes that keep the half-life of ``betas`` (each of BETAS the config has: the resolved
-    beta1 and beta2, Muon's momentum) fixed in tokens when the tokens a step grow by ``ratio``
-    (Marek et al. 2025, docs/study.md): beta ** ratio."""
-    changes = {key: getattr(config, key) ** ratio for key in betas
-               if key in ("beta1", "beta2") and getattr(config, key) is not None}
-    if "momentum" in betas and "momentum" in config.optimizer_options:
-        changes["optimizer_options"] = {**config.optimizer_options,
-                                        "momentum": config.optimizer_options["momentum"] ** ratio}
-    return changes
-
-
 def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scaling: str,
          warmup_scaling: str, base_batch: int | None, betas: tuple[str, ...] = ()) -> list[Point]:
     """The points of the grid, each a checked, resolved config (nothing is written). ``betas``:
@@ -164,7 +149,7 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
                 config, **half_life_betas(config, config.batch_size / base_batch, betas))).config
         if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
             check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
-        config.steps(block)  # a warmup longer than the run is an error here, not at launch
+        run_lengths(config)  # a warmup longer than the run is an error here, not at launch
         points.append(Point(name, config, chosen, out / name))
     names = [p.name for p in points]
     if len(set(names)) != len(names):
@@ -200,7 +185,7 @@ def table(points: list[Point]) -> str:
     rows = [header]
     for p in points:
         c = p.config
-        total, warmup = c.steps(c.model_config(1).block_size)
+        total, warmup = run_lengths(c)
         rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", f"{c.beta2:.6g}",
                      str(warmup), str(total), f"{total * c.batch_size * c.model_config(1).block_size:,}", str(c.seed),
                      str(c.data_seed), p.status()])

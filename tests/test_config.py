@@ -15,7 +15,8 @@ from helpers import ROOT
 from model import GPTConfig
 from study.runs import Run
 from training.run_config import resolve_config
-from training.schedule import learning_rate
+from training.batch_schedule import BatchSchedule
+from training.schedule import LrSchedule, decay_steps
 
 
 def write(tmp_path, name, text):
@@ -65,10 +66,11 @@ def test_wrong_type_names_key_and_types(tmp_path):
 
 
 def test_non_divisible_batch_names_the_numbers():
-    config = TrainConfig(max_steps=1, batch_size=480, micro_batch_size=12)
-    assert config.grad_accum_steps(8) == 5
+    schedule = BatchSchedule.of(TrainConfig(max_steps=1, batch_size=480, micro_batch_size=12), 1024)
+    schedule.check_divisible(12, 8)
+    assert schedule.accumulation(0, 12, 8) == 5
     with pytest.raises(ConfigError, match=r"batch_size=480 .*micro_batch_size=12 x world_size=7 = 84"):
-        config.grad_accum_steps(7)
+        schedule.check_divisible(12, 7)
 
 
 def test_invalid_values_are_rejected():
@@ -77,12 +79,13 @@ def test_invalid_values_are_rejected():
     with pytest.raises(ConfigError, match="lr_schedule='linear'"):
         TrainConfig(max_steps=1, lr_schedule="linear")
     with pytest.raises(ConfigError, match="max_tokens=10 is less than one step"):
-        TrainConfig(max_tokens=10).steps(block_size=128)
+        config = TrainConfig(max_tokens=10)
+        BatchSchedule.of(config, 128).lengths(config)
 
 
 def test_derived_model_and_schedule_lengths():
     config = TrainConfig(max_tokens=10 * 480 * 1024, warmup_tokens=2 * 480 * 1024, batch_size=480, model="gpt2")
-    assert config.steps(1024) == (10, 2)
+    assert BatchSchedule.of(config, 1024).lengths(config) == (10, 2)
     assert config.model_config(50257).vocab_size == 50304  # GPT-2's 50257 padded to a multiple of 64
     assert TrainConfig(max_steps=1).model_config(257).vocab_size == 320
     assert TrainConfig(max_steps=1, model="gpt2", n_layer=2).model_config(50257).n_layer == 2
@@ -95,15 +98,18 @@ def test_resolved_config_round_trips_through_json(tmp_path):
 
 
 def test_schedules_against_hand_computed_values():
-    kw = dict(total=110, warmup=10, lr=1.0, min_lr=0.1)
-    assert learning_rate(0, **kw) == pytest.approx(0.1)  # warmup: (step + 1) / warmup
-    assert learning_rate(9, **kw) == pytest.approx(1.0)
-    assert learning_rate(60, **kw) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
-    assert learning_rate(110, **kw) == pytest.approx(0.1)
-    wsd = dict(kw, schedule="wsd", decay_fraction=0.2)  # decay over the last 22 steps: 88..109
-    assert learning_rate(87, **wsd) == 1.0
-    assert learning_rate(88, **wsd) == pytest.approx(1.0 - 0.9 / 22)
-    assert learning_rate(109, **wsd) == pytest.approx(0.1)
+    # 110 steps of 5 tokens, 10 of them warmup; the lr of step n (0-based) is at 5n tokens.
+    cosine = LrSchedule(total=550, warmup=50, decay_start=0, lr=1.0, min_lr=0.1)
+    assert cosine(0, 5) == pytest.approx(0.1)  # warmup: (step + 1) / warmup
+    assert cosine(45, 5) == pytest.approx(1.0)
+    assert cosine(300, 5) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
+    assert cosine(550, 5) == pytest.approx(0.1)
+    assert cosine(300, 5, scale=2.0) == pytest.approx(0.2 + 0.9 * (1 + math.cos(math.pi * 0.5)))
+    wsd = LrSchedule(total=550, warmup=50, decay_start=5 * (110 - decay_steps(110, 0.2)), lr=1.0, min_lr=0.1,
+                     kind="wsd")  # decay over the last 22 steps: 88..109
+    assert wsd(5 * 87, 5) == 1.0
+    assert wsd(5 * 88, 5) == pytest.approx(1.0 - 0.9 / 22)
+    assert wsd(5 * 109, 5) == pytest.approx(0.1)
 
 
 # The published GPT-2 settings, transcribed from docs/optimizers.md (and optim/published.py's

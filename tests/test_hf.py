@@ -298,7 +298,7 @@ def test_cli_errors(tmp_path):
 
 def test_load_model_errors(tmp_path):
     torch.save({"format_version": checkpoint.FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
-    with pytest.raises(ValueError, match=r"does not have the fields.*missing \['changes', 'code_version', 'config'"):
+    with pytest.raises(ValueError, match=r"does not have the fields.*missing \['batch_phases', 'changes', 'code_version', 'config'"):
         load_model(tmp_path / "no_model.pt")
     future = Checkpoint.of_model(random_model(), "gpt2")
     future.model_args["n_kv_head"] = 1

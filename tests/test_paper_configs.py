@@ -11,6 +11,7 @@ import torch
 from configs import load_config
 from helpers import ROOT
 from model import GPT
+from training.batch_schedule import BatchSchedule
 from training.run_config import resolve_config
 
 PAPER = ROOT / "configs" / "paper"
@@ -76,9 +77,10 @@ def test_every_point_resolves_to_the_published_settings(path):
     assert config.qk_clip_tau == (100 if clipped else None)
     assert variant != "qkclip" or (size, optimizer) in (("small", "adamw"), ("small", "merit"))
     assert config.grad_clip == 1.0 and config.lr_schedule == "cosine" and config.tokenizer == "gpt2"
-    total, warmup = config.steps(1024)
+    schedule = BatchSchedule.of(config, 1024)
+    total, warmup = schedule.lengths(config)
     assert total * BATCH[batch] * 1024 <= config.max_tokens < (total + 1) * BATCH[batch] * 1024 and warmup > 0
-    assert config.grad_accum_steps(8) >= 1  # divides on 8 GPUs
+    schedule.check_divisible(config.micro_batch_size, 8)  # divides on 8 GPUs
     model_config = config.model_config(50257)
     assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS[size]
     assert model_config.scale_attn_by_inverse_layer_idx == (size != "small")

@@ -10,6 +10,7 @@ from data.loader import TokenLoader
 from data.shards import write_shard
 from helpers import make_text
 from model import GPT, GPTConfig
+from training.batch_schedule import BatchSchedule, Phase
 from training.checkpoint import Checkpoint, load_latest
 from training.distributed import Distributed
 from training.parallel import Layout
@@ -56,7 +57,7 @@ def make_state(tmp_path, parts=()):
     optimizer = optim.build("merit", model, lr=1e-2, weight_decay=0.1)
     loader = TokenLoader(tmp_path / "data", "train", 2, 8, prefetch=False)
     return RunState(model, optimizer, config={"tokenizer": "byte", "optimizer": "merit", "batch_size": 2},
-                    tokens_per_step=16, parts=[*parts, Part()], scaler=torch.amp.GradScaler("cpu", enabled=False),
+                    schedule=BatchSchedule([Phase(0, 0, 2)], block_size=8, reference=2), parts=[*parts, Part()], scaler=torch.amp.GradScaler("cpu", enabled=False),
                     train_loader=loader, train_window=LossWindow(ONE_PROCESS), rng=RankRNG(ONE_PROCESS))
 
 

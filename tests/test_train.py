@@ -178,19 +178,23 @@ def test_older_checkpoints_load_and_other_versions_are_refused(tmp_path):
     fields = {key: value for key, value in vars(small_checkpoint(5, 2.0)).items() if key != "parts"}
     noise_scale = {"ema_grad_sq": [1.0], "ema_trace": [3.0]}
     # version 1: before optim_backends and train_window; 2: before noise_scale; 3: before tensors;
-    # 4: the noise scale's state in a field of its own (version 5 keeps it in parts)
-    added = {2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",)}
-    for version in (1, 2, 3, 4):
-        newer = [key for later in range(version + 1, 5) for key in added.get(later, ())]
-        torch.save({"format_version": version, **{k: v for k, v in {**fields, "noise_scale": noise_scale}.items()
-                                                  if k not in newer}}, tmp_path / f"v{version}.pt")
+    # 4: the noise scale's state in a field of its own (version 5 keeps it in parts); 5: before
+    # batch_phases (one batch throughout: the config's)
+    added = {2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",), 5: ("changes",),
+             6: ("batch_phases",)}
+    for version in (1, 2, 3, 4, 5):
+        newer = [key for later in range(version + 1, 7) for key in added.get(later, ())]
+        saved = {**fields, "noise_scale": noise_scale} if version < 5 else {**fields, "parts": {"noise_scale": noise_scale}}
+        torch.save({"format_version": version, **{k: v for k, v in saved.items() if k not in newer}},
+                   tmp_path / f"v{version}.pt")
         old = Checkpoint.load(tmp_path / f"v{version}.pt")
         assert old.step == 5 and old.tensors == "inline" and torch.equal(old.model["w"], torch.full((3,), 2.0))
         assert old.parts == ({"noise_scale": noise_scale} if version >= 3 else {})
+        assert old.batch_phases == [[0, 0, 4]] and old.changes == []
     assert Checkpoint.load(tmp_path / "v1.pt").optim_backends == {}
     fields = vars(small_checkpoint(5, 2.0))
     torch.save({"format_version": 99, **fields}, tmp_path / "v99.pt")
-    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 5"):
+    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 6"):
         Checkpoint.load(tmp_path / "v99.pt")
     torch.save({"format_version": 2, **fields, "extra": 1}, tmp_path / "extra.pt")
     with pytest.raises(ValueError, match=r"unknown \['extra'\]"):

@@ -72,5 +72,5 @@ def test_an_offline_run_holds_the_metrics_and_a_resumed_run_continues_its_id(byt
         assert {k: matches[0][k] for k in record} == pytest.approx(record)
     for step in (2, 4):
         row = next(r for r in rows if r.get("step") == step and "train/loss" in r)
-        assert {"max_logit/layer_00", "max_logit/layer_01"} <= row.keys()
+        assert {"max_logit/layer_00", "max_logit/layer_01", "batch/size", "batch/phase"} <= row.keys()
         assert any(key.startswith("trust_ratio_max/") for key in row)  # MERIT's diagnostics, per layer

@@ -45,21 +45,24 @@ from model import GPT, GPTConfig
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
 SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Checkpoint beside the DCP files
 NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"},
-             5: {"changes": [], "evaluating": 0}}
+             5: {"changes": [], "evaluating": 0}}  # (6: batch_phases, from the config; _upgraded)
 # What a resume compares: the keys that define what is trained. Of those, the ones that cannot
 # change on resume at all (the checkpoint's tensors, data position and RNG would not fit them).
 RECORDED = keys_with_role("experiment") | keys_with_role("optimizer") | keys_with_role("lr") | keys_with_role("seed")
 FIXED = frozenset({f.name for f in dataclasses.fields(GPTConfig)} - {"dropout"}
-                  | {"model", "tokenizer", "optimizer", "batch_size", "seed", "data_seed", "align_documents"})
+                  | {"model", "tokenizer", "optimizer", "seed", "data_seed", "align_documents"})
 
 
 def _upgraded(state: dict, version: int) -> dict:
     """The fields of a file of format ``version`` as the current version's."""
     for newer in range(version + 1, FORMAT_VERSION + 1):
         state = {**_ADDED_IN.get(newer, {}), **state}
+    if version < 6:  # one batch throughout (version 6 records the batch schedule's phases)
+        state = {**state, "batch_phases": [[0, 0, state["config"]["batch_size"]]] if "batch_size" in state["config"]
+                 else []}
     if version < 5:  # version 5 keeps the state of every part of the run in ``parts``
         noise_scale = state.pop("noise_scale", {})
         state = {**state, "parts": {"noise_scale": noise_scale} if noise_scale else {}}
@@ -94,6 +97,8 @@ class Checkpoint:
     train_window: dict = field(default_factory=dict)  # {"steps", "loss_sums": per rank}: train loss since the last log
     parts: dict = field(default_factory=dict)  # {name: state_dict()} of the run's parts with state (training/parts.py)
     changes: list = field(default_factory=list)  # settings changed on resume: {"step", "key", "from", "to"}, in order
+    # [[step, tokens, batch], ...]: where each batch of the run's schedule begins (training/batch_schedule.py)
+    batch_phases: list = field(default_factory=list)
     evaluating: int = 0  # the step whose evaluation a stop interrupted (run first on resume); 0: none
     # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
     # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
@@ -147,9 +152,10 @@ class Checkpoint:
         """The settings a resume with ``config`` (a resolved config's dict) changes from the
         checkpoint's, as records ``{"step", "key", "from", "to"}``; each must be named in the
         config's ``allow_changes``. Refused with every difference named: a change not allowed, a
-        model, tokenizer, optimizer, global batch or seed of another run (a new batch would make the
-        token counts and the data position wrong, a new seed would be recorded while the RNG
-        continues the old one), and a ``total_steps`` or ``stop_at_step`` that leaves nothing to train."""
+        model, tokenizer, optimizer or seed of another run (a new seed would be recorded while the RNG
+        continues the old one), and a ``total_steps`` or ``stop_at_step`` that leaves nothing to
+        train. (A new batch or batch schedule applies from the step: the checkpoint's batch phases
+        keep the tokens of the steps before.)"""
         fixed = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
                  for key, value in model_args.items() if key != "dropout" and self.model_args.get(key) != value]
         changed = {key: (self.config[key], config[key]) for key in sorted(RECORDED)

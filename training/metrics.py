@@ -115,8 +115,9 @@ class MetricsLogger:
 
 class TrainLoss(Part):
     """At log steps: ``train/loss`` (the mean over the kept steps since the last log step and the
-    ranks), the ``lr`` and the ``grad_norm`` of the step, and with nonfinite="skip" the
-    ``skipped_steps`` so far."""
+    ranks), the ``lr``, the ``grad_norm`` and the batch of the step (``batch/size`` in sequences,
+    ``batch/tokens_per_step``, ``batch/phase``: its index in the batch schedule), and with
+    nonfinite="skip" the ``skipped_steps`` so far."""
 
     def __init__(self, run):
         self.run = run
@@ -125,6 +126,10 @@ class TrainLoss(Part):
         run = self.run
         record = {"train/loss": distributed.all_reduce_mean(run.loss_window.pop_mean(), run.ctx).item(),
                   "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": run.grad_norm.item()}
+        taken = step.number - 1
+        record.update({"batch/size": run.schedule.phase(taken).batch,
+                       "batch/tokens_per_step": run.schedule.tokens_per_step(taken),
+                       "batch/phase": run.schedule.phase_index(taken)})
         if run.config.nonfinite == "skip":
             record["skipped_steps"] = run.nonfinite.skipped
         return record
@@ -144,17 +149,17 @@ class Speed(Part):
         self.start()
 
     def start(self) -> None:
-        self.since, self.steps = time.perf_counter(), 0
+        self.since, self.tokens = time.perf_counter(), 0
 
     def after_step(self, step) -> None:
-        self.steps += 1
+        self.tokens += self.run.schedule.tokens_per_step(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":
             torch.cuda.synchronize(self.run.device)
         now = time.perf_counter()
-        tokens_per_s = self.steps * self.run.tokens_per_step / (now - self.since)
-        self.since, self.steps = now, 0
+        tokens_per_s = self.tokens / (now - self.since)
+        self.since, self.tokens = now, 0
         record = {"tokens_per_s": tokens_per_s}
         if self.peak_flops:
             record["mfu"] = self.run.model.estimate_mfu(tokens_per_s / self.run.ctx.world_size, self.peak_flops)

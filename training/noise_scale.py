@@ -57,10 +57,9 @@ class GradientNoiseScale(Part):
         for index, group in enumerate(groups.values()):
             for p, rows in group:
                 self._slices.setdefault(id(p), []).append((index, rows))
-        self.small_tokens, self.big_tokens = micro_tokens, micro_tokens * grad_accum * world_size
-        self.grad_accum, self.world_size = grad_accum, world_size
+        self.small_tokens, self.world_size = micro_tokens, world_size
+        self.follow(grad_accum)  # (in_comm_hook: where the micro-batch gradient is seen)
         self.ema = ema
-        self.in_comm_hook = world_size > 1 and grad_accum == 1  # where the micro-batch gradient is seen
         self.measuring = False
         self.ema_grad_sq = [0.0] * len(self.names)
         self.ema_trace = [0.0] * len(self.names)
@@ -72,23 +71,34 @@ class GradientNoiseScale(Part):
     # --- as a part of a run ---
     @classmethod
     def build(cls, run) -> "GradientNoiseScale | None":
-        if not (cls.possible(run.grad_accum, run.ctx.world_size) and run.layout.holds_whole_gradients):
+        world_size = run.ctx.world_size
+        accumulations = {run.schedule.accumulation(phase.step, run.config.micro_batch_size, world_size)
+                         for phase in run.schedule.phases}  # (a batch schedule's phases may differ)
+        if not (any(cls.possible(a, world_size) for a in accumulations) and run.layout.holds_whole_gradients):
             return None
         part = cls(gpt_groups(run.model), run.config.micro_batch_size * run.model_config.block_size, run.grad_accum,
-                   run.ctx.world_size, run.config.noise_scale_ema)
-        part.run = run
+                   world_size, run.config.noise_scale_ema)
+        part.run, part.hooked = run, world_size > 1 and 1 in accumulations
         return part
 
     def start(self) -> None:
-        if self.in_comm_hook:
+        if self.hooked:  # a phase without accumulation: read in DDP's communication hook
             self.run.train_model.register_comm_hook(None, self.comm_hook)
 
     def before_step(self, step: Step) -> None:
         if step.log:
-            self.begin(self.run.scaler.get_scale())  # (1.0 without float16)
+            self.follow(self.run.grad_accum)
+            self.measured = self.possible(self.grad_accum, self.world_size)  # (not in a phase of one micro-batch)
+            if self.measured:
+                self.begin(self.run.scaler.get_scale())  # (1.0 without float16)
 
     def measure(self, step: Step) -> dict[str, float]:
-        return self.estimate(self.run.ctx)
+        return self.estimate(self.run.ctx) if self.measured else {}
+
+    def follow(self, grad_accum: int) -> None:
+        """Measure with ``grad_accum`` micro-steps a step (a batch schedule changes them)."""
+        self.grad_accum, self.big_tokens = grad_accum, self.small_tokens * grad_accum * self.world_size
+        self.in_comm_hook = self.world_size > 1 and grad_accum == 1
 
     # --- measuring one optimizer step (on every rank) ---
     def begin(self, loss_scale: float = 1.0) -> None:

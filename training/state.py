@@ -5,7 +5,7 @@ Each piece saves and loads itself (torchtitan's ``Stateful`` idea: ``state_dict`
 RNG states, the train-loss window since the last log step), each keyed by its ``Checkpoint``
 field (training/checkpoint.py), and the run's parts with state (training/parts.py: the gradient
 noise scale's EMAs, a config's extra parts), kept in the ``parts`` field by their names.
-``RunState`` collects them with the step counter, the model and the optimizer; the layout
+``RunState`` collects them with the step counter, the batch schedule, the model and the optimizer; the layout
 (training/parallel.py) saves and loads it, and is the only code that knows how the model and the
 optimizer state are written (inline, ZeRO-1 consolidated or DCP shards).
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from training import distributed
+from training.batch_schedule import BatchSchedule
 from training.distributed import Distributed
 from training.parts import Part
 
@@ -36,10 +37,10 @@ class RunState:
     checkpoint records of the run: ``config`` (the resolved config's dict). Pieces load in their
     order, then parts in theirs."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict, tokens_per_step: int,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict, schedule: BatchSchedule,
                  parts: list[Part] = (), **pieces: Stateful):
         self.model, self.optimizer, self.config = model, optimizer, config
-        self.tokens_per_step = tokens_per_step
+        self.schedule = schedule  # the run's batch phases: the tokens of its steps
         self.step = 0  # optimizer steps taken
         self.changes: list[dict] = []  # settings changed on resume (Checkpoint.changes_on_resume)
         self.evaluating = 0  # the step whose evaluation a stop interrupted; 0: none
@@ -48,11 +49,12 @@ class RunState:
 
     @property
     def tokens(self) -> int:
-        return self.step * self.tokens_per_step
+        return self.schedule.tokens(self.step)
 
     def state_dict(self) -> dict:
         """The ``Checkpoint`` fields but the model's and the optimizer's tensors (every rank)."""
-        return {"step": self.step, "tokens": self.tokens, "config": self.config, "changes": list(self.changes),
+        return {"step": self.step, "tokens": self.tokens, "batch_phases": self.schedule.state_dict(),
+                "config": self.config, "changes": list(self.changes),
                 "evaluating": self.evaluating,
                 "model_args": vars(self.model.config).copy(), "optim_backends": self.optimizer.backends(),
                 **{name: piece.state_dict() for name, piece in self.pieces.items()},

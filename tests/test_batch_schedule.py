@@ -1,0 +1,244 @@
+"""The batch schedule (training/batch_schedule.py): where each batch begins, the lr schedule in
+tokens (the step-counted one's floats with a fixed batch), the config's checks, and the
+acceptance: a scheduled run equals, bitwise, a run stopped at the change and resumed by hand with
+the new batch, lr and decays (every optimizer in one process; DDP and FSDP2 on 2 gloo ranks), and
+a run killed after the change and resumed from a checkpoint before it equals the uninterrupted one."""
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from configs import ConfigError, TrainConfig, load_config
+from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
+from training.batch_schedule import BatchSchedule, Phase, half_life_betas
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.parts import Part, Step
+from training.schedule import LrSchedule, decay_steps
+
+BLOCK = 32  # TINY_RUN's
+
+
+def schedule_of(pairs, block=4, history=(), at_step=0, **config):
+    config = TrainConfig(max_steps=1, batch_size=pairs[0][1], batch_schedule=pairs, **config)
+    return BatchSchedule.of(config, block, history, at_step)
+
+
+# --- where each batch begins ---
+def test_each_change_begins_at_the_first_step_at_or_after_its_tokens():
+    # Batch 8 of 4 tokens: 32 tokens a step; 100 tokens are passed after 4 steps (128); then 64 a
+    # step: 300 after 3 more (320); then 16 a step.
+    schedule = schedule_of([(0, 8), (100, 16), (300, 4)])
+    assert schedule.phases == [Phase(0, 0, 8), Phase(4, 128, 16), Phase(7, 320, 4)]
+    assert [schedule.tokens(n) for n in (0, 3, 4, 5, 7, 10)] == [0, 96, 128, 192, 320, 368]
+    assert [schedule.phase_index(n) for n in (0, 3, 4, 6, 7, 100)] == [0, 0, 1, 1, 2, 2]
+    assert [schedule.steps_within(t) for t in (0, 31, 32, 128, 191, 192, 320, 335, 336)] == [0, 0, 1, 4, 4, 5, 7, 7, 8]
+    assert schedule.ratio(5) == 2.0 and schedule.ratio(7) == 0.5 and schedule.tokens_per_step(5) == 64
+    # A change at a step boundary begins there; two changes within one step: the later one.
+    assert schedule_of([(0, 8), (64, 16)]).phases == [Phase(0, 0, 8), Phase(2, 64, 16)]
+    assert schedule_of([(0, 8), (40, 16), (50, 32)]).phases == [Phase(0, 0, 8), Phase(2, 64, 32)]
+    assert schedule_of([(0, 8), (40, 16), (50, 8)]).phases == [Phase(0, 0, 8)]
+
+
+def test_a_resume_keeps_the_recorded_phases_and_plans_the_rest_from_the_config():
+    pairs = [(0, 8), (100, 16), (300, 4)]
+    whole = schedule_of(pairs)
+    for step in range(12):  # the same config resumed anywhere: the same phases
+        assert schedule_of(pairs, history=whole.phases, at_step=step).phases == whole.phases
+    # batch_size changed by hand at step 5 (the config has no schedule): its batch from there, the
+    # lr and decays set for it (ratio 1)
+    by_hand = BatchSchedule.of(TrainConfig(max_steps=1, batch_size=32), 4, whole.phases, at_step=5)
+    assert by_hand.phases == [Phase(0, 0, 8), Phase(4, 128, 16), Phase(5, 192, 32)]
+    assert by_hand.ratio(5) == 1.0 and by_hand.tokens(6) == 192 + 128
+    # a new schedule from step 5: the recorded phases up to it, the new one's after
+    renewed = schedule_of([(0, 8), (100, 16), (500, 64)], history=whole.phases, at_step=5)
+    assert renewed.phases == [Phase(0, 0, 8), Phase(4, 128, 16), Phase(10, 512, 64)]
+    # recorded: the checkpoint's lists
+    assert BatchSchedule.recorded(whole.state_dict()) == whole.phases
+
+
+def test_run_lengths_and_divisibility_follow_every_phase():
+    config = TrainConfig(max_tokens=400, warmup_tokens=100, batch_size=8, batch_schedule=[(0, 8), (100, 16)])
+    schedule = BatchSchedule.of(config, 4)
+    assert schedule.lengths(config) == (4 + 4, 3)  # 128 tokens in 4 steps, then 4 of 64 (384 <= 400 < 448)
+    schedule.check_divisible(micro_batch_size=4, world_size=2)
+    with pytest.raises(ConfigError, match=r"phase 1 \(batch 8 from step 2\).*micro_batch_size=4 x world_size=3"):
+        schedule_of([(0, 24), (100, 8)]).check_divisible(micro_batch_size=4, world_size=3)
+    schedule.check_divisible(micro_batch_size=16, world_size=1, from_step=4)  # (phase 0 is past)
+
+
+@pytest.mark.parametrize("pairs, error", [
+    ([(0, 16), (100, 32)], r"batch_schedule starts with \(0, 16\): .*\(0, 8\)"),
+    ([(10, 8)], r"starts with \(10, 8\)"),
+    ([(0, 8), (100, 12)], r"batch 8 -> 12 at 100 tokens: each change multiplies or divides"),
+    ([(0, 8), (100, 8)], r"8 -> 8"),
+    ([(0, 8), (100, 16), (100, 32)], r"token counts must increase \(100, then 100\)"),
+    ([(0, 8), (100,)], r"entry \(100,\): each entry is \(tokens, global batch\)"),
+    ([(0, 8), (100.5, 16)], r"two whole numbers"),
+])
+def test_a_bad_schedule_is_refused_with_its_fix(pairs, error):
+    with pytest.raises(ConfigError, match=error):
+        TrainConfig(max_steps=1, batch_size=8, batch_schedule=pairs)
+
+
+def test_the_schedule_keys_parse_and_are_checked():
+    config = load_config(None, ["--max_steps=1", "--batch_size=8", "--batch_schedule=[(0, 8), (2e6, 32)]"])
+    assert config.batch_schedule == [[0, 8], [2_000_000, 32]]  # as config.json keeps it
+    assert TrainConfig(**json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ConfigError, match=r"batch_lr_scaling='cubic': use 'sqrt', 'linear', 'none'"):
+        TrainConfig(max_steps=1, batch_lr_scaling="cubic")
+    with pytest.raises(ConfigError, match=r"batch_half_life_betas='beta2,gamma': gamma is not a decay"):
+        TrainConfig(max_steps=1, batch_half_life_betas="beta2,gamma")
+
+
+# --- the lr schedule in tokens ---
+def step_counted_lr(step, *, total, warmup, lr, min_lr, schedule, decay_fraction):
+    """The schedule as it is written in steps (docs/batch.md; the code's before it ran in tokens)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+    decay_start = total - int(decay_fraction * total)
+    if step < decay_start:
+        return lr
+    progress = (step - decay_start + 1) / max(1, total - decay_start)
+    return lr + (min_lr - lr) * min(progress, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "wsd"])
+def test_with_a_fixed_batch_the_lr_in_tokens_is_the_step_counted_float(kind):
+    for total, warmup, fraction, tokens_per_step in [(110, 10, 0.2, 480 * 1024), (37, 0, 0.35, 3 * 1024),
+                                                      (1000, 33, 0.1, 12_288), (7, 7, 1.0, 96)]:
+        schedule = LrSchedule(total=total * tokens_per_step, warmup=warmup * tokens_per_step,
+                              decay_start=(total - decay_steps(total, fraction)) * tokens_per_step,
+                              lr=6e-4, min_lr=6e-5, kind=kind)
+        for step in range(total):
+            expected = step_counted_lr(step, total=total, warmup=warmup, lr=6e-4, min_lr=6e-5, schedule=kind,
+                                       decay_fraction=fraction)
+            assert schedule(step * tokens_per_step, tokens_per_step) == expected, (total, step)
+
+
+def test_a_ramp_does_not_stretch_the_lr_schedule():
+    # Doubling at half the tokens: the cosine is at its middle there, whatever the steps.
+    config = TrainConfig(max_tokens=2048, batch_size=4, batch_schedule=[(0, 4), (1024, 8)], lr=1.0, min_lr=0.0)
+    schedule = BatchSchedule.of(config, 32)
+    total, warmup = schedule.lengths(config)
+    lr = schedule.lr_schedule(config, total, warmup)
+    assert (total, schedule.phases[1].step) == (12, 8)  # 8 steps of 128 tokens, 4 of 256
+    assert lr(schedule.tokens(8), 256) == pytest.approx(0.5) and lr(schedule.tokens(4), 128) == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 0.25)))
+
+
+# --- the acceptance: a scheduled run is the run changed by hand at the boundary ---
+# Batch 4 (128 tokens a step) until 462 tokens: 4 steps (512 tokens); then batch 8 (256 a step),
+# 4 more steps to 1,536 tokens (1,600 fits no fifth); a fixed batch 4 would also end at 1,536.
+BOUNDARY, RAMP = 4, 2.0
+SCHEDULE = ["--batch_size=4", "--batch_schedule=[(0, 4), (462, 8)]"]
+
+
+def base_args(data, out, name, optimizer, *extra):
+    return [*TINY_RUN, f"--data_dir={data}", f"--out_dir={out}", f"--run_name={name}", f"--optimizer={optimizer}",
+            "--max_tokens=1600", "--warmup_steps=2", "--micro_batch_size=1", "--log_interval=1",
+            "--eval_interval=4", "--lr=0.01", "--min_lr=0.001", *extra]
+
+
+HALF_LIFE = {"sophiag": "beta1,beta2", "muon": "beta2,momentum"}  # (Muon: its AdamW's beta2, its momentum)
+OPTIONS = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"]}  # a Hessian pass at the boundary
+
+
+def by_hand_changes(first_half_config: dict, scaled: str) -> list[str]:
+    """The second half's overrides: the new batch, the lr by sqrt, the decays by their half-life."""
+    config = TrainConfig(**first_half_config)
+    factor = math.sqrt(RAMP)
+    changes = half_life_betas(config, RAMP, tuple(scaled.split(",")))
+    overrides = ["--batch_size=8", f"--lr={config.lr * factor!r}", f"--min_lr={config.min_lr * factor!r}",
+                 *(f"--{key}={value!r}" for key, value in changes.items())]
+    return [*overrides, f"--allow_changes=batch_size,lr,min_lr,{','.join(changes)}"]
+
+
+def series(run_dir) -> list[dict]:
+    """Every logged record but the speed and the memory (which differ between invocations)."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "memory/peak")}
+            for r in read_metrics(run_dir) if "step" in r]
+
+
+def assert_same_state(got: Checkpoint, expected: Checkpoint) -> None:
+    assert got.step == expected.step and got.tokens == expected.tokens
+    assert got.batch_phases == expected.batch_phases
+    assert all(torch.equal(got.model[k], expected.model[k]) for k in expected.model)
+    for key, state in expected.optimizer["state"].items():
+        for name, value in state.items():
+            assert torch.equal(got.optimizer["state"][key][name], value), (key, name)
+
+
+def scheduled_and_by_hand(train, data, out, optimizer, *extra):
+    """The scheduled run and the two-phase one (stopped at the boundary, resumed by hand with the
+    new batch, lr and decays): their run folders."""
+    scaled = HALF_LIFE.get(optimizer, "beta1,beta2")
+    common = [*OPTIONS.get(optimizer, []), *extra]
+    train(*base_args(data, out, "scheduled", optimizer, *SCHEDULE, f"--batch_half_life_betas={scaled}", *common))
+    train(*base_args(data, out, "by_hand", optimizer, "--batch_size=4", f"--stop_at_step={BOUNDARY}", *common))
+    first_half = json.loads((out / "by_hand" / "config.json").read_text())
+    train(*base_args(data, out, "by_hand", optimizer, "--resume", *common, *by_hand_changes(first_half, scaled)))
+    return out / "scheduled", out / "by_hand"
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb", "merit", "lion", "sophiag", "muon"])
+def test_a_scheduled_run_is_the_run_changed_by_hand_at_the_boundary(byte_shards, tmp_path, optimizer):
+    scheduled, by_hand = scheduled_and_by_hand(train_here, byte_shards, tmp_path, optimizer)
+    records = series(scheduled)
+    assert records == series(by_hand)
+    logged = [r for r in records if "train/loss" in r]
+    assert [(r["batch/size"], r["batch/phase"], r["tokens"]) for r in logged] == \
+        [(4, 0, 128 * n) for n in range(1, 5)] + [(8, 1, 512 + 256 * n) for n in range(1, 5)]
+    assert logged[4]["batch/tokens_per_step"] == 256
+    saved = Checkpoint.load(scheduled / CHECKPOINT_NAME)
+    assert saved.batch_phases == [[0, 0, 4], [4, 512, 8]] and saved.tokens == 1536
+    assert_same_state(Checkpoint.load(by_hand / CHECKPOINT_NAME), saved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_on_two_ranks_a_scheduled_run_is_the_run_changed_by_hand(byte_shards, tmp_path, layout):
+    def train(*args):
+        run_train(*args, nproc=2)
+    scheduled, by_hand = scheduled_and_by_hand(train, byte_shards, tmp_path, "merit", *layout)
+    assert series(scheduled) == series(by_hand)
+    if not layout:
+        assert_same_state(Checkpoint.load(by_hand / CHECKPOINT_NAME), Checkpoint.load(scheduled / CHECKPOINT_NAME))
+    else:  # (sharded checkpoints: the gathered weights)
+        from training.parallel import load_model
+        got, expected = (load_model(run / CHECKPOINT_NAME)[0].state_dict() for run in (by_hand, scheduled))
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+class KillAfterTheBoundary(Part):
+    """Kills its process (SIGKILL: no checkpoint, no clean-up) after step 6, past the boundary, where
+    the environment asks for it (the process the test kills, not the resumed run)."""
+
+    def __init__(self, run):
+        pass
+
+    def after_step(self, step: Step) -> None:
+        if step.number == BOUNDARY + 2 and os.environ.get("KILL_AFTER_THE_BOUNDARY"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_the_boundary_resumes_from_before_it_exactly(byte_shards, tmp_path, monkeypatch):
+    args = base_args(byte_shards, tmp_path, "killed", "adamw", *SCHEDULE, "--checkpoint_interval=3",
+                     f"--extra_parts={__name__}:KillAfterTheBoundary")
+    train_here(*base_args(byte_shards, tmp_path, "whole", "adamw", *SCHEDULE))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))
+    monkeypatch.setenv("KILL_AFTER_THE_BOUNDARY", "1")
+    killed = run_train(*args, check=False)
+    monkeypatch.delenv("KILL_AFTER_THE_BOUNDARY")
+    assert killed.returncode == -signal.SIGKILL
+    assert Checkpoint.load(tmp_path / "killed" / CHECKPOINT_NAME).step == 3  # before the boundary at 4
+    train_here(*args, "--resume")
+    assert series(tmp_path / "killed") == series(tmp_path / "whole")
+    assert_same_state(Checkpoint.load(tmp_path / "killed" / CHECKPOINT_NAME),
+                      Checkpoint.load(tmp_path / "whole" / CHECKPOINT_NAME))
