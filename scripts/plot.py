@@ -25,7 +25,11 @@ scripts/report.py's tables. Logit axes are symmetric-log (linear within [-1, 1])
 * ``max_logit_heads.png``: layer x head heatmaps of the max attention logit at four steps, for
   the points with the largest final logits;
 * ``attn_entropy.png``: per layer, the lowest head's attention entropy over steps, a panel per point;
-* ``noise_scale.png``: the gradient noise scale B_simple over training, each point's batch (tokens) dashed.
+* ``noise_scale.png``: the gradient noise scale B_simple over training, each point's batch (tokens) dashed;
+* ``cbs_branches.png`` (runs with branches, scripts/cbs.py): a panel per branched checkpoint, each
+  multiplier's EMA-smoothed training loss over its branch (the mean over seeds);
+* ``cbs.png``: the critical batch B* over training by the paper's rule (``--epsilon``, ``--ema``)
+  with the live B_simple beside it, one line per run, a panel per optimizer.
 All but the two loss figures are drawn where the runs logged their keys (train.py does at every
 log step). A point has one colour in every figure, a layer one in every per-layer figure.
 """
@@ -33,16 +37,18 @@ import argparse
 from pathlib import Path
 
 from study.plot import draw_all
-from study.runs import study_arguments, study_runs
+from study.runs import branch_runs, study_arguments, study_runs
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     study_arguments(parser, "the loss figures draw")
     parser.add_argument("--out", type=Path, default=Path("figures"), help="where the PNGs go (default: figures/)")
+    parser.add_argument("--epsilon", type=float, default=0.01, help="the critical batch's rule (scripts/cbs.py)")
+    parser.add_argument("--ema", type=float, default=0.5, help="the critical batch's rule: the loss's smoothing")
     args = parser.parse_args(argv)
     runs = study_runs(args, "plot")
-    written = draw_all(runs, args.out, args.select_on, args.report_on)
+    written = draw_all(runs, args.out, args.select_on, args.report_on, branch_runs(args.paths), args.epsilon, args.ema)
     print(f"{len(runs)} runs, lrs selected on {args.select_on}, losses drawn on {args.report_on or args.select_on} -> "
           + ", ".join(map(str, written)))
 

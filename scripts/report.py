@@ -20,7 +20,10 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * steps and tokens to reach ``--target`` (default: the highest of the points' best final losses,
   so that every point has a value), interpolated between evaluations;
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
-* the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present.
+* the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present;
+* the critical batch size over training of each run that holds branches (scripts/cbs.py): per
+  checkpoint k* and B* by ``--epsilon`` on the ``--ema``-smoothed losses (and by the interval of
+  the paired differences with several seeds), beside the run's live B_simple.
 
 ``--update FILE`` rewrites the tables of FILE (docs/results.md) that come from this report: each block
 ``<!-- report: PATH [SELECT_ON REPORT_ON], SECTION -->`` ... ``<!-- end -->`` whose PATH is the one
@@ -32,18 +35,21 @@ from pathlib import Path
 
 from atomic import atomic_write
 from study.report import fill_blocks, report
-from study.runs import study_arguments, study_runs
+from study.runs import branch_runs, study_arguments, study_runs
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     study_arguments(parser, "the tables report")
     parser.add_argument("--target", type=float, help="the loss to reach (default: see above)")
+    parser.add_argument("--epsilon", type=float, default=0.01, help="the critical batch's rule: the loss a larger "
+                                                                    "batch may lose (scripts/cbs.py)")
+    parser.add_argument("--ema", type=float, default=0.5, help="the critical batch's rule: the loss's smoothing")
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--update", type=Path, metavar="FILE", help="refresh FILE's blocks of this report's tables")
     args = parser.parse_args(argv)
     runs = study_runs(args, "report")
-    text = report(runs, args.target, args.select_on, args.report_on)
+    text = report(runs, args.target, args.select_on, args.report_on, branch_runs(args.paths), args.epsilon, args.ema)
     print(text, end="")
     if args.out:
         with atomic_write(args.out, "w") as f:

@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 
 from configs import BETAS, SCALINGS, ConfigError
-from study.sweep import (check_written, key_value, launch_local, parse_values, plan, table,
+from study.sweep import (add_slurm_arguments, check_written, key_value, launch_local, parse_values, plan, table,
                          write_points, write_sbatch)
 
 
@@ -70,15 +70,7 @@ def main(argv=None) -> None:
                         help="none: write the point files only (default); local: run them here; slurm: an sbatch")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="local: processes per point (GPUs)")
     parser.add_argument("--jobs", type=int, default=1, help="local: points run at once (CPU runs; default 1)")
-    slurm = parser.add_argument_group("slurm")
-    slurm.add_argument("--nodes", type=int, default=1)
-    slurm.add_argument("--gpus-per-node", type=int, default=8)
-    slurm.add_argument("--cpus-per-task", type=int, default=32)
-    slurm.add_argument("--time", default="24:00:00")
-    slurm.add_argument("--partition")
-    slurm.add_argument("--max-parallel", type=int, default=4, help="array tasks running at once")
-    slurm.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts after a failed node")
-    slurm.add_argument("--signal-grace", type=int, default=300, help="seconds between USR1 and the kill")
+    add_slurm_arguments(parser)
     args = parser.parse_args(argv)
     out = Path(args.out_dir).resolve() / args.name  # the runs start in the repository root
     try:

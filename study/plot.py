@@ -25,6 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from atomic import atomic_write  # noqa: E402
+from study import cbs  # noqa: E402
 from study.report import peak_logit, selected_finals  # noqa: E402
 from study.runs import Run, Selection, Study, summary  # noqa: E402
 
@@ -328,9 +329,70 @@ def plot_noise_scale(study: Study) -> Figure | None:
     return fig
 
 
-def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None) -> list[Path]:
+def plot_cbs_branches(runs: list[Run], branches: list[Run], ema: float) -> Figure | None:
+    """A panel per branched checkpoint: each multiplier's smoothed training loss (the mean over its
+    seeds, as the rule reads it) against the tokens since the checkpoint."""
+    panels: dict[tuple, dict[float, list[list[float]]]] = {}
+    for branch in branches:
+        parent, step, k, _ = cbs.branch_of(branch)
+        losses = cbs.branch_losses(branch)
+        if losses:
+            panels.setdefault((parent.name, step), {}).setdefault(k, []).append(cbs.smoothed_series(losses, ema))
+    if not panels:
+        return None
+    fig, axes = _panels(len(panels), 4, 4.4, 3.6)
+    for ax, ((parent, step), curves) in zip(axes, sorted(panels.items())):
+        ks = sorted(curves)
+        colours = plt.get_cmap("plasma")([0.85 * i / max(1, len(ks) - 1) for i in range(len(ks))])
+        for k, colour in zip(ks, colours):
+            series = curves[k]
+            mean = [sum(values) / len(values) for values in zip(*series)]
+            fraction = [(i + 1) / len(mean) for i in range(len(mean))]  # every branch trains the same tokens
+            ax.plot(fraction, mean, color=colour, label=f"k={k:g} ({len(series)} seed{'s' * (len(series) > 1)})")
+        ax.set_title(f"{parent}, step {step}", fontsize=9)
+        ax.set_xlabel("branch tokens (fraction)")
+        ax.set_ylabel(f"train loss, EMA {ema:g}")
+        _legend(ax)
+    fig.suptitle(_fit(fig, "Branches: each multiplier's smoothed training loss from the checkpoint (mean over seeds)"))
+    return fig
+
+
+def plot_cbs(runs: list[Run], branches: list[Run], epsilon: float, ema: float) -> Figure | None:
+    """The critical batch over training (B* = k* x B by the paper's rule) with the live B_simple
+    beside it, one line per run, a panel per optimizer."""
+    measured = cbs.measured_runs([*runs, *branches], epsilon, ema)
+    by_folder = {run.folder: run for run in runs}
+    optimizers = sorted({by_folder[f].optimizer_label for f, m in measured.items() if m and f in by_folder})
+    if not optimizers:
+        return None
+    fig, axes = _panels(len(optimizers), 3, 4.8, 3.8, sharey=True)
+    for ax, optimizer in zip(axes, optimizers):
+        folders = [f for f, m in measured.items() if m and f in by_folder and by_folder[f].optimizer_label == optimizer]
+        colours = plt.get_cmap("tab10")(range(len(folders)))
+        for folder, colour in zip(folders, colours):
+            ms = measured[folder]
+            ax.plot([m.tokens for m in ms], [m.k_epsilon * m.batch for m in ms], "o-", color=colour,
+                    label=f"{folder.name}: B*")
+            simple = [(m.tokens, m.b_simple) for m in ms if m.b_simple]
+            if simple:
+                ax.plot(*zip(*simple), "s--", color=colour, alpha=0.6, label=f"{folder.name}: B_simple")
+            ax.plot([m.tokens for m in ms], [m.batch for m in ms], ":", color=colour, alpha=0.5)
+        ax.set_yscale("log", base=2)
+        ax.set_title(optimizer, fontsize=10)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("batch (sequences)")
+        _legend(ax)
+    fig.suptitle(_fit(fig, f"The critical batch by branching (B*: L_k <= L_j + {epsilon:g}, EMA {ema:g}) and the "
+                           f"live noise scale B_simple; dotted: the run's batch"))
+    return fig
+
+
+def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None,
+             branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5) -> list[Path]:
     """Every figure of ``runs`` into the folder ``out`` (each point's lr chosen on ``select_on``,
-    the loss figures drawn on ``report_on``, default the same: the report's rule); the files written."""
+    the loss figures drawn on ``report_on``, default the same: the report's rule; with the
+    ``branches`` of some of them, the critical batch's figures by ``epsilon`` and ``ema``); the
+    files written."""
     report_on = report_on or select_on
     study = Study(runs, select_on)
     out.mkdir(parents=True, exist_ok=True)
@@ -339,7 +401,9 @@ def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on:
                "scaling": lambda: plot_scaling(study, report_on), "peak_logit": lambda: plot_peak_logit(study),
                "merit_diagnostics": lambda: plot_merit_diagnostics(study),
                "max_logit_heads": lambda: plot_head_logits(study),
-               "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study)}
+               "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study),
+               "cbs_branches": lambda: plot_cbs_branches(runs, branches, ema),
+               "cbs": lambda: plot_cbs(runs, branches, epsilon, ema)}
     for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn
         fig = figure()
         if fig is not None:  # (None: the runs did not log its keys)

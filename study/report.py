@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from study import cbs
 from study.runs import Run, Selection, Study, paired, summary
 
 REFERENCE = "adamw"  # the optimizer every other is compared with
@@ -182,9 +183,11 @@ def hessian_table(best: dict) -> str | None:
     return table(["point", "batch", "top eigenvalue", "trace"], rows) if rows else None
 
 
-def report(runs: list[Run], target: float | None, select_on: str = "val/loss", report_on: str | None = None) -> str:
+def report(runs: list[Run], target: float | None, select_on: str = "val/loss", report_on: str | None = None,
+           branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5) -> str:
     """The report of ``runs``: the lr of each point chosen on ``select_on``, the numbers reported
-    on ``report_on`` (default the same; e.g. a held-out split's loss)."""
+    on ``report_on`` (default the same; e.g. a held-out split's loss); with the ``branches`` of
+    some of them, their critical batch sizes (study/cbs.py's rule: ``epsilon``, ``ema``)."""
     report_on = report_on or select_on
     study = Study(runs, select_on)
     best = study.best()
@@ -212,6 +215,9 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):
         if body:
             sections += [title, body]
+    for folder, measurements in cbs.measured_runs([*runs, *branches], epsilon, ema).items():
+        if measurements:
+            sections += [f"## Critical batch size by branching: {folder.name}", cbs.table(measurements, epsilon)]
     return "\n\n".join(sections) + "\n"
 
 

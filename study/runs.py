@@ -293,6 +293,15 @@ def parse_records(text: str) -> list[dict]:
     return records
 
 
+# The folder of a run's branches (study/cbs.py): RUN/branches/step_<step>/k<k>_s<seed>, each a run folder.
+BRANCHES = "branches"
+
+
+def is_branch(run: Run) -> bool:
+    """Whether ``run`` is a branch of another run (scripts/cbs.py): no study point's."""
+    return run.folder.parent.parent.name == BRANCHES
+
+
 # What a run folder holds that the study reads: all an archive of runs keeps.
 RUN_FILES = ("config.json", "metrics.jsonl", "hessian.json")
 
@@ -305,9 +314,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
         if path.is_file() and path.name.endswith(".tar.xz"):
             runs += _archived_runs(path)
             continue
-        folders = sorted({m.parent for m in ([path / "metrics.jsonl"] if (path / "metrics.jsonl").is_file()
-                                             else path.rglob("metrics.jsonl"))
-                          if (m.parent / "config.json").is_file()})
+        folders = sorted({m.parent for m in path.rglob("metrics.jsonl") if (m.parent / "config.json").is_file()})
         for folder in folders:
             files = {name: (folder / name).read_text() for name in RUN_FILES if (folder / name).is_file()}
             runs.append(_run(folder, files))
@@ -361,11 +368,16 @@ def study_arguments(parser: argparse.ArgumentParser, reported: str) -> None:
     parser.add_argument("--report-on", help=f"the metric {reported} (default: --select-on)")
 
 
+def branch_runs(paths: list[Path]) -> list[Run]:
+    """The branches of runs (study/cbs.py) at or under ``paths``."""
+    return [run for run in find_runs(paths) if is_branch(run)]
+
+
 def study_runs(args: argparse.Namespace, tool: str) -> list[Run]:
     """The runs at or under ``args.paths`` that logged ``--select-on``; the CLI ``tool`` exits if none did.
     A run whose settings changed on resume (its config's ``changes``) is no point's: left out, with
-    a note."""
-    runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None]
+    a note; so is a branch of a run (its critical-batch measurement: study/cbs.py)."""
+    runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None and not is_branch(r)]
     changed = [r for r in runs if r.config.get("changes")]
     if changed:
         print(f"{tool}: left out {len(changed)} run(s) whose settings changed on resume, so no study point "

@@ -239,7 +239,7 @@ def launch_local(points: list[Point], nproc: int, jobs: int = 1) -> list[str]:
 
 
 SBATCH = """#!/bin/bash
-# {count} points of the sweep {name}, one array task each: python -m scripts.sweep wrote this.
+# {count} runs of {name}, one array task each: python -m scripts.{script} wrote this.
 #SBATCH --job-name={name}
 #SBATCH --array=0-{last}%{parallel}
 #SBATCH --nodes={nodes}
@@ -281,14 +281,28 @@ wait "$TRAIN"
 """
 
 
-def write_sbatch(points: list[Point], name: str, out: Path, args) -> Path:
-    script = SBATCH.format(
+def add_slurm_arguments(parser) -> None:
+    """The options of ``--launch slurm`` (write_sbatch's ``args``)."""
+    slurm = parser.add_argument_group("slurm")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus-per-node", type=int, default=8)
+    slurm.add_argument("--cpus-per-task", type=int, default=32)
+    slurm.add_argument("--time", default="24:00:00")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--max-parallel", type=int, default=4, help="array tasks running at once")
+    slurm.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts after a failed node")
+    slurm.add_argument("--signal-grace", type=int, default=300, help="seconds between USR1 and the kill")
+
+
+def write_sbatch(points: list, name: str, out: Path, args, script: str = "sweep") -> Path:
+    """``out/<script>.sbatch``: an array job of one task per point (anything with a config ``file``)."""
+    text = SBATCH.format(script=script,
         count=len(points), name=name, last=len(points) - 1, parallel=args.max_parallel, nodes=args.nodes,
         gpus=args.gpus_per_node, cpus=args.cpus_per_task, time=args.time, out=out, grace=args.signal_grace,
         partition=f"#SBATCH --partition={args.partition}" if args.partition else "", root=ROOT,
         points="\n".join(f"  {shlex.quote(str(p.file))}" for p in points), python=shlex.quote(sys.executable),
         restarts=args.max_restarts)
-    path = out / "sweep.sbatch"
+    path = out / f"{script}.sbatch"
     with atomic_write(path, "w") as f:
-        f.write(script)
+        f.write(text)
     return path

@@ -1,0 +1,96 @@
+"""The critical batch size of a run by branching (Merrill et al. 2025; study/cbs.py, docs/batch.md).
+
+    python -m scripts.cbs RUN --branch-tokens 65536                       # every numbered checkpoint
+    python -m scripts.cbs RUN --steps 200,400 --multipliers 0.25,0.5,1,2,4,8,16 --seeds 0,1,2 \\
+        --branch-tokens 65536 --beta-scaling half-life --launch local
+    python -m scripts.cbs RUN ... --launch slurm --gpus-per-node 8        # writes RUN/branches/cbs.sbatch
+    python -m scripts.cbs RUN --launch none                               # the table of what finished
+
+RUN is a run folder with numbered checkpoints (ckpt_<step>.pt: train it with
+``permanent_checkpoint_interval``). From each chosen checkpoint (``--steps``; default: every one),
+for each multiplier k and seed, a branch trains ``--branch-tokens`` more tokens at batch k x B with
+the lr times sqrt(k) (``--lr-scaling``) and, with ``--beta-scaling half-life``, the decays of
+``--scale-betas`` at their half-life in tokens, on the parent's lr schedule in tokens. Each branch
+is a run folder, RUN/branches/step_<step>/k<k>_s<seed>, with its config (branch.py) and a copy of
+the parent's checkpoint (seed s: the data read from s x branch tokens past the parent's position).
+``--launch local`` trains the unfinished branches in this process, one after another (a killed
+command resumes them: run it again), or under torchrun with ``--nproc-per-node``; ``--launch slurm``
+writes an array job of them. Then it prints, per checkpoint, k* and B* = k* x B by the paper's rule
+(``--epsilon`` on the EMA-smoothed final loss, ``--ema``) and, with several seeds, by the 95%
+interval of the paired loss differences, beside the run's live B_simple; ``--json`` writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from configs import BETAS, SCALINGS, ConfigError
+from study import cbs
+from study.runs import find_runs
+from study.sweep import add_slurm_arguments, parse_values, write_sbatch
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run folder with numbered checkpoints")
+    parser.add_argument("--steps", help="the checkpoints' steps, comma-separated (default: every numbered one)")
+    parser.add_argument("--multipliers", default="0.25,0.5,1,2,4,8", help="the batch multipliers k")
+    parser.add_argument("--branch-tokens", type=int, help="tokens each branch trains (required to plan branches)")
+    parser.add_argument("--lr-scaling", choices=list(SCALINGS), default="sqrt", help="the lr times f(k)")
+    parser.add_argument("--beta-scaling", choices=["none", "half-life"], default="none")
+    parser.add_argument("--scale-betas", default="beta2", metavar="KEYS",
+                        help=f"with --beta-scaling half-life: any of {','.join(BETAS)} (default beta2)")
+    parser.add_argument("--seeds", default="0", help="the branches' seeds, comma-separated (their data offsets)")
+    parser.add_argument("--epsilon", type=float, default=0.01, help="the loss a larger batch may lose")
+    parser.add_argument("--ema", type=float, default=0.5, help="the smoothing of the training loss")
+    parser.add_argument("--launch", choices=["none", "local", "slurm"], default="none",
+                        help="none: write the branches, print what finished; local: train them here; slurm")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="local and slurm: ranks per branch")
+    parser.add_argument("--json", type=Path, help="also write the measurements to this file")
+    add_slurm_arguments(parser)
+    args = parser.parse_args(argv)
+    run = args.run.resolve()
+    try:
+        if args.branch_tokens is None:
+            branches = []
+            if not (run / cbs.BRANCHES).is_dir():
+                raise ConfigError(f"{run} holds no branches yet: give --branch-tokens to plan them")
+        else:
+            betas = tuple(args.scale_betas.split(",")) if args.beta_scaling == "half-life" else ()
+            unknown = sorted(set(betas) - set(BETAS))
+            if unknown:
+                raise ConfigError(f"--scale-betas {args.scale_betas}: {', '.join(unknown)} not one of "
+                                  f"{', '.join(BETAS)}")
+            steps = [int(s) for s in parse_values(args.steps)] if args.steps else None
+            multipliers = sorted(float(k) for k in parse_values(args.multipliers))
+            seeds = [int(s) for s in parse_values(args.seeds)]
+            branches = cbs.plan(run, steps, multipliers, args.branch_tokens, args.lr_scaling, betas, seeds,
+                                args.nproc_per_node if args.launch != "slurm" else args.nproc_per_node * args.nodes)
+            cbs.check_written(branches)
+            cbs.write(branches, run, shlex.join(["python", "-m", "scripts.cbs", *(argv or sys.argv[1:])]))
+    except (ConfigError, ValueError, OSError) as error:
+        sys.exit(f"cbs: {error}")
+    if branches:
+        finished = sum(b.status() == "finished" for b in branches)
+        print(f"cbs: {len(branches)} branches of {run} ({finished} finished)")
+    if args.launch == "local":
+        failed = cbs.launch_local(branches, args.nproc_per_node)
+        if failed:
+            sys.exit(f"cbs: {len(failed)} of {len(branches)} branches failed: {', '.join(failed)}")
+    elif args.launch == "slurm":
+        path = write_sbatch(branches, f"cbs-{run.name}", run / cbs.BRANCHES, args, script="cbs")
+        print(f"wrote {path}: submit it with\n  sbatch {path}\n(then run this command with --launch none for "
+              f"the table)")
+    measurements = cbs.measured_runs(find_runs([run]), args.epsilon, args.ema).get(run, [])
+    if measurements:
+        print(cbs.table(measurements, args.epsilon))
+    else:
+        print("no checkpoint has all its branches finished yet: --launch local trains them")
+    if args.json:
+        cbs.save_json(measurements, args.json)
+
+
+if __name__ == "__main__":
+    main()
