@@ -33,7 +33,7 @@ from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
 from training.run_config import RunConfig, compute_dtype, resolve_config
-from training.batch_schedule import BatchSchedule, half_life_betas
+from training.batch_schedule import BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
@@ -72,12 +72,13 @@ class Trainer:
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model_config = config.model_config(self.tokenizer.n_vocab)
         block = self.model_config.block_size
-        self.plan_batches(BatchSchedule.of(config, block))
+        schedule = BatchSchedule.of(config, block)
         self.model = GPT(self.model_config).to(self.device)
         self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = run.build_optimizer(
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
-            batch_tokens=self.schedule.tokens_per_step(0), zero_redundancy=self.layout.zero_redundancy)
+            batch_tokens=schedule.tokens_per_step(0), zero_redundancy=self.layout.zero_redundancy)
+        self.plan_batches(schedule)  # (the run's length; the first step's accumulation and decays)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
@@ -123,15 +124,7 @@ class Trainer:
             return
         self.batch_phase, c = phase, self.config
         self.grad_accum = self.schedule.accumulation(step, c.micro_batch_size, self.ctx.world_size)
-        if hasattr(self, "optimizer"):
-            self.optimizer.set_batch_tokens(self.schedule.tokens_per_step(step))
-            if c.batch_half_life_betas:
-                decays = half_life_betas(c, self.schedule.ratio(step), tuple(c.batch_half_life_betas.split(",")))
-                for group in self.optimizer.param_groups:
-                    if "betas" in group:
-                        group["betas"] = (decays.get("beta1", c.beta1), decays.get("beta2", c.beta2))
-                    if "momentum" in group and "optimizer_options" in decays:
-                        group["momentum"] = decays["optimizer_options"]["momentum"]
+        self.schedule.set_optimizer(self.optimizer, c, step)
 
     @property
     def step(self) -> int:

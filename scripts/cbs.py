@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ema", type=float, default=0.5, help="the smoothing of the training loss")
     parser.add_argument("--launch", choices=["none", "local", "slurm"], default="none",
                         help="none: write the branches, print what finished; local: train them here; slurm")
-    parser.add_argument("--nproc-per-node", type=int, default=1, help="local and slurm: ranks per branch")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="local: ranks per branch (slurm: the GPUs)")
     parser.add_argument("--json", type=Path, help="also write the measurements to this file")
     add_slurm_arguments(parser)
     args = parser.parse_args(argv)
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
             multipliers = sorted(float(k) for k in parse_values(args.multipliers))
             seeds = [int(s) for s in parse_values(args.seeds)]
             branches = cbs.plan(run, steps, multipliers, args.branch_tokens, args.lr_scaling, betas, seeds,
-                                args.nproc_per_node if args.launch != "slurm" else args.nproc_per_node * args.nodes)
+                                args.gpus_per_node * args.nodes if args.launch == "slurm" else args.nproc_per_node)
             cbs.check_written(branches)
             cbs.write(branches, run, shlex.join(["python", "-m", "scripts.cbs", *(argv or sys.argv[1:])]))
     except (ConfigError, ValueError, OSError) as error:

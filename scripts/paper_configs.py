@@ -10,7 +10,11 @@ batch 1k; the QK-Norm baseline (AdamW, LayerNorm on each head's q and k) for GPT
 every batch; Muon and MuonClip (Muon with QK-Clip at tau 100, Kimi K2's) at every size and batch;
 AdamW, LAMB and MERIT for GPT-2 Medium over 48B tokens at every batch (the paper's headline);
 AdamW and MERIT with QK-Clip (tau 100) for GPT-2 Small at every batch: with MERIT, QK-Norm and
-z-loss (``--z_loss=1e-4`` on any point), the cures of runaway attention logits side by side.
+z-loss (``--z_loss=1e-4`` on any point), the cures of runaway attention logits side by side; the
+batch axis as 2025 measures it (docs/batch.md): GPT-2 Small at batch 480 keeping a checkpoint
+every tenth of its run, for a CBS measurement by branching across the paper's batches with
+AdamW, LAMB, MERIT and Muon (``gpt2_small_*_cbs_b480.py``), and GPT-2 Medium over the 48B tokens
+with AdamW and MERIT ramping its batch up to the paper's 6k (``gpt2_medium_*_ramp_b6k.py``).
 Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
 what differs, so a user opens, edits or copies one point.
 
@@ -44,6 +48,21 @@ chose, it says so):
   code decays every parameter (docs/optimizers.md says what that changes).
 * micro_batch_size: the base config's for batch 480; for the power-of-two batches one that,
   times 8 GPUs, divides them (16 / 8 / 4 sequences for Small / Medium / Large).
+* the CBS parents: a kept checkpoint every tenth of the run (``permanent_checkpoint_interval``),
+  the nine before the end branchable. Their comment gives the ``scripts.cbs`` command: k = 1/4
+  to 16, so the branches' batches (120 to 7,680) span the paper's 480 to 8k, 3 seeds, and branch
+  tokens of 4 steps of the largest branch, 4 x 7,680 x 1,024 = 31,457,280 tokens: the least
+  amount that is a whole number of steps of every branch and gives the largest batch more than
+  one or two steps to show its loss (the smallest, 120 sequences, takes 256), 1.3% of the
+  2.48B-token run. Merrill et al. branch 2B tokens of OLMo's ~600B (0.3%); this project chose a
+  larger share because a GPT-2 Small run is short: less would leave the large batches 1 step.
+* the ramp: ``batch_schedule`` 768 -> 1,536 -> 3,072 -> 6,144 sequences (each doubling Merrill
+  et al.'s, lr x sqrt(2) by ``batch_lr_scaling``), from 0, 2.4B, 7.2B and 16.8B tokens (5%,
+  15% and 35% of the 48B): this project's placeholder until the CBS of GPT-2 Medium is measured
+  (a CBS run of it, then a ramp that doubles where B* passes twice the batch, as
+  scripts/cbs_study.py does on a CPU). It starts at 768 = 6,144 / 8 because a ramp doubles and
+  the paper's 480 does not double into 6k; its lr is the published batch-480 lr at that first
+  batch, the warmup 2% of the steps at it.
 """
 import argparse
 import sys
@@ -78,6 +97,12 @@ ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
 TOKENS_PER_PARAMETER = 20
 SCALING_TOKENS = 48_000_000_000  # GPT-2 Medium's batch-scaling runs
 SCALING_OPTIMIZERS = ("adamw", "lamb", "merit")
+CBS_OPTIMIZERS = ("adamw", "lamb", "merit", "muon")
+CBS_CHECKPOINTS = 10  # a kept checkpoint every tenth of the run
+CBS_MULTIPLIERS = "0.25,0.5,1,2,4,8,16"
+CBS_BRANCH_TOKENS = 4 * 16 * 480 * 1024  # 4 steps of the largest branch (k = 16)
+RAMP_OPTIMIZERS = ("adamw", "merit")
+RAMP = [(0, 768), (2_400_000_000, 1536), (7_200_000_000, 3072), (16_800_000_000, 6144)]
 WARMUP_FRACTION = 0.02
 WARMUP_FLOOR = 30
 BLOCK = 1024
@@ -110,6 +135,11 @@ def points() -> dict[str, dict]:
         for optimizer in SCALING_OPTIMIZERS:
             out[f"gpt2_medium_{optimizer}_48b_b{label}"] = {**out[f"gpt2_medium_{optimizer}_b{label}"],
                                                             "tokens": SCALING_TOKENS}
+    for optimizer in CBS_OPTIMIZERS:
+        out[f"gpt2_small_{optimizer}_cbs_b480"] = {**out[f"gpt2_small_{optimizer}_b480"], "cbs": True}
+    for optimizer in RAMP_OPTIMIZERS:
+        out[f"gpt2_medium_{optimizer}_ramp_b6k"] = {**out[f"gpt2_medium_{optimizer}_b6k"], "tokens": SCALING_TOKENS,
+                                                    "batch": RAMP[0][1], "schedule": RAMP}
     return out
 
 
@@ -129,7 +159,13 @@ def render(stem: str, point: dict) -> str:
         what += ", the batch-scaling study's 48B tokens"
     if "qk_clip_tau" in point:
         what += f" with QK-Clip (tau {point['qk_clip_tau']:g}{': MuonClip' if point['optimizer'] == 'muon' else ''})"
-    lines = [f"# The MERIT paper's study: {what}, global batch {point['batch']} x 1024 tokens.",
+    if "cbs" in point:
+        what += ", a parent for the critical batch size by branching"
+    batch = f"global batch {point['batch']} x 1024 tokens"
+    if "schedule" in point:
+        what += ", the batch ramped"
+        batch = f"global batch {' -> '.join(str(b) for _, b in point['schedule'])} x 1024 tokens"
+    lines = [f"# The MERIT paper's study: {what}, {batch}.",
              "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
              f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
              "",
@@ -152,6 +188,16 @@ def render(stem: str, point: dict) -> str:
         lines.append(f'qk_norm = "{point["qk_norm"]}"')
     if "qk_clip_tau" in point:
         lines.append(f"qk_clip_tau = {point['qk_clip_tau']:g}  # Kimi K2's")
+    if "cbs" in point:
+        every = tokens // (point["batch"] * BLOCK) // CBS_CHECKPOINTS
+        lines += [f"permanent_checkpoint_interval = {every:_}  # a tenth of the run: the checkpoints to branch",
+                  "# Then: python -m scripts.cbs runs/" + stem + f" --multipliers {CBS_MULTIPLIERS} --seeds 0,1,2 "
+                  f"--branch-tokens {CBS_BRANCH_TOKENS:_} --launch slurm",
+                  "# (k = 1/4 .. 16: batches 120 to 7,680; branch tokens: 4 steps of the largest, 1.3% of the run)"]
+    if "schedule" in point:
+        lines.insert(lines.index(f"batch_size = {point['batch']}") + 1,
+                     f"batch_schedule = {point['schedule']!r}  # (tokens, batch): doublings at 5%, 15%, 35% of "
+                     f"the tokens, a placeholder until measured")
     return "\n".join(lines) + "\n"
 
 

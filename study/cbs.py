@@ -102,7 +102,7 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
         scale = SCALINGS[parent.batch_lr_scaling](schedule.ratio(step))  # a scheduled parent's lr there
         for multiplier in multipliers:
             branch_batch = multiplier * batch
-            if not branch_batch.is_integer() or branch_batch % world_size:
+            if not float(branch_batch).is_integer() or branch_batch % world_size:
                 raise ConfigError(f"multiplier {multiplier:g} of the batch {batch} at step {step} is {branch_batch:g} "
                                   f"sequences, not a whole number divisible by {world_size} ranks: choose multipliers "
                                   f"whose batches divide")
@@ -299,6 +299,17 @@ def measured_runs(runs: list[Run], epsilon: float, ema: float) -> dict[Path, lis
         if is_branch(run):
             branches.setdefault(branch_of(run)[0], []).append(run)
     return {run.folder: measure(run, branches[run.folder], epsilon, ema) for run in runs if run.folder in branches}
+
+
+def ramp(measurements: list[Measurement], batch: int) -> list[tuple[int, int]]:
+    """A batch schedule from ``batch`` that follows the measured CBS (Merrill et al.'s warmup):
+    at each checkpoint in turn where B* (the paper's rule) is at least twice the batch, the
+    batch doubles from that checkpoint's tokens on, once per checkpoint."""
+    phases = [(0, batch)]
+    for m in measurements:
+        if m.k_epsilon * m.batch >= 2 * phases[-1][1]:
+            phases.append((m.tokens, 2 * phases[-1][1]))
+    return phases
 
 
 def table(measurements: list[Measurement], epsilon: float) -> str:

@@ -21,6 +21,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.colors  # noqa: E402
 import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -111,7 +112,7 @@ def plot_loss(study: Study, report_on: str) -> Figure:
     colour = point_colours(study)
     for (label, batch), selection in best.items():
         steps, mean, low, high = seed_band(selection.runs, report_on)
-        tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
+        tokens = [selection.runs[0].tokens_at(s) for s in steps]
         _band(panels[batch], tokens, mean, low, high, colour[label], label)
     for batch, ax in panels.items():
         lrs = ", ".join(f"{label} {s.lr:g}" for (label, b), s in best.items() if b == batch)
@@ -313,7 +314,7 @@ def plot_noise_scale(study: Study) -> Figure | None:
     colour = point_colours(study)
     for (label, batch), selection in best.items():
         steps, mean, low, high = seed_band(selection.runs, "noise_scale/b_simple")
-        tokens = [s * selection.runs[0].tokens_per_step() for s in steps]
+        tokens = [selection.runs[0].tokens_at(s) for s in steps]
         _band(panels[batch], tokens, mean, low, high, colour[label], label)
     for batch, ax in panels.items():
         batch_tokens = next(s.runs[0].final("noise_scale/batch_tokens") for (_, b), s in best.items() if b == batch)
@@ -337,10 +338,11 @@ def plot_cbs_branches(runs: list[Run], branches: list[Run], ema: float) -> Figur
         parent, step, k, _ = cbs.branch_of(branch)
         losses = cbs.branch_losses(branch)
         if losses:
-            panels.setdefault((parent.name, step), {}).setdefault(k, []).append(cbs.smoothed_series(losses, ema))
+            panels.setdefault((parent, step), {}).setdefault(k, []).append(cbs.smoothed_series(losses, ema))
     if not panels:
         return None
-    fig, axes = _panels(len(panels), 4, 4.4, 3.6)
+    labels = {run.folder: f"{run.optimizer_label} ({run.name})" for run in runs}
+    fig, axes = _panels(len(panels), len({step for _, step in panels}), 4.0, 3.4)
     for ax, ((parent, step), curves) in zip(axes, sorted(panels.items())):
         ks = sorted(curves)
         colours = plt.get_cmap("plasma")([0.85 * i / max(1, len(ks) - 1) for i in range(len(ks))])
@@ -349,7 +351,7 @@ def plot_cbs_branches(runs: list[Run], branches: list[Run], ema: float) -> Figur
             mean = [sum(values) / len(values) for values in zip(*series)]
             fraction = [(i + 1) / len(mean) for i in range(len(mean))]  # every branch trains the same tokens
             ax.plot(fraction, mean, color=colour, label=f"k={k:g} ({len(series)} seed{'s' * (len(series) > 1)})")
-        ax.set_title(f"{parent}, step {step}", fontsize=9)
+        ax.set_title(f"{labels.get(parent, parent.name)}, step {step}", fontsize=9)
         ax.set_xlabel("branch tokens (fraction)")
         ax.set_ylabel(f"train loss, EMA {ema:g}")
         _legend(ax)
@@ -378,6 +380,7 @@ def plot_cbs(runs: list[Run], branches: list[Run], epsilon: float, ema: float) -
                 ax.plot(*zip(*simple), "s--", color=colour, alpha=0.6, label=f"{folder.name}: B_simple")
             ax.plot([m.tokens for m in ms], [m.batch for m in ms], ":", color=colour, alpha=0.5)
         ax.set_yscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())  # 200k, 1M
         ax.set_title(optimizer, fontsize=10)
         ax.set_xlabel("tokens")
         ax.set_ylabel("batch (sequences)")

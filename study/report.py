@@ -7,7 +7,7 @@ import math
 import re
 
 from study import cbs
-from study.runs import Run, Selection, Study, paired, summary
+from study.runs import Run, Selection, Study, is_branch, paired, summary
 
 REFERENCE = "adamw"  # the optimizer every other is compared with
 
@@ -156,8 +156,45 @@ def target_table(best: dict, target: float, key: str) -> str:
         mean_steps = sum(reached) / len(reached)
         note = "" if len(reached) == len(steps) else f" ({len(reached)} of {len(steps)} seeds)"
         rows.append([label, str(batch), f"{mean_steps:.1f}{note}",
-                     f"{mean_steps * selection.runs[0].tokens_per_step():,.0f}"])
+                     f"{selection.runs[0].tokens_at(mean_steps):,.0f}"])
     return table(["point", "batch", "steps", "tokens"], rows)
+
+
+# What a batch ramp and its constant-batch controls may differ in beside the lr and the seeds.
+RAMP_KEYS = {"batch_size", "batch_schedule", "warmup_steps", "warmup_tokens"}
+
+
+def ramp_table(runs: list[Run], report_on: str) -> str | None:
+    """Each batch ramp (runs with a ``batch_schedule``) beside its controls, the runs that differ
+    from it only by a constant batch (its first or its last) and the lr, warmup and seeds: the
+    optimizer steps, the steps saved against the small batch, the final ``report_on`` and its
+    difference from the small batch's, paired by seed (Merrill et al.'s Table 1)."""
+    def arm_key(run: Run) -> tuple:
+        return tuple(item for item in run.point if item[0] not in RAMP_KEYS)
+    ramps: dict[tuple, list[Run]] = {}
+    for run in runs:
+        if run.config.get("batch_schedule"):
+            ramps.setdefault(run.point, []).append(run)
+    rows = []
+    for members in ramps.values():
+        phases, key = members[0].config["batch_schedule"], arm_key(members[0])
+        constant = {batch: [r for r in runs if not r.config.get("batch_schedule") and arm_key(r) == key
+                            and r.config["batch_size"] == batch] for batch in (phases[0][1], phases[-1][1])}
+        small = constant[phases[0][1]]
+        small_steps = summary([r.last_step for r in small]).mean
+        ramp = " -> ".join([str(phases[0][1]), *(f"{batch} (at {tokens:,} tokens)" for tokens, batch in phases[1:])])
+        for name, arm, batch in (("constant small", small, str(phases[0][1])), ("ramp", members, ramp),
+                                 ("constant large", constant[phases[-1][1]], str(phases[-1][1]))):
+            if not arm:
+                continue
+            steps = summary([r.last_step for r in arm]).mean
+            rows.append([members[0].optimizer_label, name, batch, f"{steps:,.0f}",
+                         f"{1 - steps / small_steps:.0%}" if small else "-", _mean([r.final(report_on) for r in arm]),
+                         _difference(paired(arm, small, report_on)) if arm is not small else "-"])
+    if not rows:
+        return None
+    return table(["point", "arm", "batch (sequences)", "steps", "steps saved", f"final {report_on}",
+                  "Δ vs constant small, paired by seed [95%]"], rows)
 
 
 def zero_shot_average(run: Run) -> float | None:
@@ -187,7 +224,10 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
            branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5) -> str:
     """The report of ``runs``: the lr of each point chosen on ``select_on``, the numbers reported
     on ``report_on`` (default the same; e.g. a held-out split's loss); with the ``branches`` of
-    some of them, their critical batch sizes (study/cbs.py's rule: ``epsilon``, ``ema``)."""
+    some of them (or among ``runs``), their critical batch sizes (study/cbs.py's rule: ``epsilon``,
+    ``ema``)."""
+    branches = [*branches, *(r for r in runs if is_branch(r))]
+    runs = [r for r in runs if not is_branch(r)]
     report_on = report_on or select_on
     study = Study(runs, select_on)
     best = study.best()
@@ -212,12 +252,18 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
                  max_logit_table(study, best),
                  f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over seeds)",
                  target_table(best, target, report_on)]
+    ramps = ramp_table(runs, report_on)
+    if ramps:
+        sections += [f"## Batch ramps against constant batches ({report_on})", ramps]
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):
         if body:
             sections += [title, body]
+    by_folder = {run.folder: run for run in runs}
     for folder, measurements in cbs.measured_runs([*runs, *branches], epsilon, ema).items():
         if measurements:
-            sections += [f"## Critical batch size by branching: {folder.name}", cbs.table(measurements, epsilon)]
+            parent = by_folder[folder]
+            sections += [f"## Critical batch size by branching: {parent.optimizer_label}, batch "
+                         f"{measurements[0].batch}, {folder.name}", cbs.table(measurements, epsilon)]
     return "\n\n".join(sections) + "\n"
 
 

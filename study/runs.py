@@ -122,9 +122,18 @@ class Run:
         points = [(r["step"], r[key]) for r in self.records if r.get(key) is not None and "step" in r]
         return [s for s, _ in points], [v for _, v in points]
 
-    def tokens_per_step(self) -> int:
+    def tokens_at(self, step: float) -> float:
+        """The training tokens after ``step`` steps, interpolated between the logged ones (a batch
+        schedule changes the tokens a step)."""
         steps, tokens = self.series("tokens")
-        return tokens[-1] // steps[-1] if steps and steps[-1] else 0
+        if not steps:
+            return 0.0
+        points = [(0, 0), *zip(steps, tokens)]
+        for (s0, t0), (s1, t1) in zip(points, points[1:]):
+            if step <= s1:
+                return t0 + (t1 - t0) * (step - s0) / max(1, s1 - s0)
+        (s0, t0), (s1, t1) = points[-2], points[-1]  # beyond the last: at the last step's rate
+        return t1 + (t1 - t0) / max(1, s1 - s0) * (step - s1)
 
     def final(self, key: str) -> float | None:
         _, values = self.series(key)
@@ -338,10 +347,11 @@ def _archived_runs(archive: Path) -> list[Run]:
             if {"config.json", "metrics.jsonl"} <= found.keys()]
 
 
-def pack_runs(runs: list[Run], root: Path, archive: Path) -> None:
+def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str, ...] | None = None) -> None:
     """Pack what the study reads of ``runs`` (each folder's RUN_FILES, as found under ``root``)
     into the xz-compressed tar ``archive``, byte for byte the same for the same runs (sorted
-    members, no times or owners): ``find_runs([archive])`` reads them back."""
+    members, no times or owners): ``find_runs([archive])`` reads them back. ``branch_keys``: a
+    branch's metrics cut to these keys (its records with a step)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=9) as tar:
         for run in sorted(runs, key=lambda r: str(r.folder)):
@@ -349,6 +359,9 @@ def pack_runs(runs: list[Run], root: Path, archive: Path) -> None:
                 path = run.folder / name
                 if path.is_file():
                     data = path.read_bytes()
+                    if name == "metrics.jsonl" and branch_keys and is_branch(run):
+                        data = "".join(json.dumps({k: v for k, v in record.items() if k in branch_keys}) + "\n"
+                                       for record in parse_records(data.decode()) if "step" in record).encode()
                     info = tarfile.TarInfo(f"{path.relative_to(root).as_posix()}")
                     info.size, info.mode = len(data), 0o644
                     tar.addfile(info, io.BytesIO(data))

@@ -16,8 +16,8 @@ from helpers import ROOT, TINY_RUN, train_here
 from configs import ConfigError
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
-from study.report import report
-from study.runs import find_runs, is_branch
+from study.report import ramp_table, report
+from study.runs import Run, find_runs, is_branch, summary
 from training.checkpoint import Checkpoint
 from training.parts import Part, Step
 
@@ -54,6 +54,44 @@ def test_the_interval_rule_reads_the_paired_differences_over_seeds():
     difference = cbs.paired_difference(steady[2], steady[1])
     assert difference.n == 3 and difference.mean == pytest.approx(0.03) and difference.std == pytest.approx(0, abs=1e-12)
     assert cbs.critical_multiplier_interval({1: {0: 3.0}, 2: {0: 3.0}}, 0.01) is None  # one seed: no interval
+
+
+def measurement(tokens, k, batch=8):
+    return cbs.Measurement(step=tokens // (batch * 32), tokens=tokens, batch=batch, losses={}, k_epsilon=k,
+                           k_interval=None, b_simple=None, differences={})
+
+
+def test_the_ramp_doubles_where_the_measured_batch_passes_twice_the_batch():
+    # B* = 4, 16, 24, 64, 64 at five checkpoints of a batch-8 run: 16 >= 2 x 8 doubles to 16 at
+    # 2,048 tokens; 24 < 32 holds; 64 >= 32 doubles once more (once per checkpoint), then again.
+    measured = [measurement(1024, 0.5), measurement(2048, 2), measurement(4096, 3), measurement(8192, 8),
+                measurement(16384, 8)]
+    assert cbs.ramp(measured, 8) == [(0, 8), (2048, 16), (8192, 32), (16384, 64)]
+    assert cbs.ramp(measured[:1], 8) == [(0, 8)]  # never twice the batch: no ramp
+
+
+def arm_runs(tmp_path, name, batch, schedule, steps, losses):
+    """One arm's runs (a seed each) as the report reads them: config and records."""
+    return [Run(tmp_path / name / f"s{seed}", {"optimizer": "adamw", "batch_size": batch, "batch_schedule": schedule,
+                                               "max_tokens": 4096, "seed": seed, "lr": 0.01, "min_lr": 0.001,
+                                               "warmup_steps": 2},
+                [{"step": steps, "heldout/loss": loss}]) for seed, loss in enumerate(losses)]
+
+
+def test_the_ramp_table_sets_a_ramp_beside_its_constant_batches(tmp_path):
+    ramped = [[0, 8], [1024, 16], [2048, 32]]
+    runs = [*arm_runs(tmp_path, "small", 8, [], 16, [3.0, 3.1, 3.2]),
+            *arm_runs(tmp_path, "ramp", 8, ramped, 8, [2.98, 3.12, 3.16]),
+            *arm_runs(tmp_path, "large", 32, [], 4, [3.3, 3.2, 3.5]),
+            *arm_runs(tmp_path, "other", 16, [], 8, [1.0, 1.0, 1.0])]  # a batch neither constant arm has
+    rows = [line.split(" | ") for line in ramp_table(runs, "heldout/loss").splitlines()[2:]]
+    assert [row[1:5] for row in rows] == [["constant small", "8", "16", "0%"],
+                                          ["ramp", "8 -> 16 (at 1,024 tokens) -> 32 (at 2,048 tokens)", "8", "50%"],
+                                          ["constant large", "32", "4", "75%"]]
+    # The ramp's difference from the small batch, paired by seed: -0.02, +0.02, -0.04.
+    difference = summary([-0.02, 0.02, -0.04])
+    assert rows[1][6].startswith(f"{difference.mean:+.3f} [{difference.mean - difference.ci95:+.3f}, ")
+    assert rows[0][5].startswith("3.100 ± 0.100")
 
 
 # --- scripts.cbs on a tiny run ---
@@ -144,7 +182,8 @@ def test_branches_train_and_measure_the_critical_batch(parent, tmp_path):
                                            f"{m.k_interval:g}"] for m in measurements]
     # The report holds the table, the figures draw it; branches are no study point's runs.
     parents = [r for r in runs if not is_branch(r)]
-    assert f"## Critical batch size by branching: parent\n\n{table}" in report(parents, None, branches=branches)
+    assert f"## Critical batch size by branching: adamw, batch 8, parent\n\n{table}" in report(
+        parents, None, branches=branches)
     assert plot_cbs(parents, branches, 0.01, 0.5) is not None and plot_cbs_branches(parents, branches, 0.5) is not None
     # Planned again: nothing to train; another plan into the folder is refused, naming what differs.
     assert branch_here(run) == runs

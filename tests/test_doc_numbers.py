@@ -34,7 +34,8 @@ def first_table(text: str, heading: str) -> str:
 
 def test_the_docs_have_report_blocks():
     archives = {archive for archive, *_ in blocks()}
-    assert {"docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/mini_study/runs.tar.xz"} <= archives
+    assert {"docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/mini_study/runs.tar.xz",
+            "docs/cbs_study/runs.tar.xz"} <= archives
 
 
 @pytest.mark.parametrize("archive, select_on, report_on, section, body", blocks(),

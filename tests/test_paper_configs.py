@@ -39,8 +39,9 @@ def test_the_files_are_what_the_generator_writes():
     assert result.returncode == 0, result.stderr
     # 3 sizes x 6 optimizers (MuonClip one) x 6 batches, MERIT's 4 ablations, AdamW with QK-Norm and
     # AdamW and MERIT with QK-Clip at GPT-2 Small's 6 batches.
-    # GPT-2 Medium over 48B tokens with AdamW, LAMB and MERIT at the 6 batches.
-    assert len(FILES) == 3 * 7 * 6 + 4 + 3 * 6 + 3 * 6 and f"{len(FILES)} files, as written" in result.stdout
+    # GPT-2 Medium over 48B tokens with AdamW, LAMB and MERIT at the 6 batches. The CBS parents
+    # (AdamW, LAMB, MERIT, Muon at Small batch 480) and the ramps (AdamW and MERIT, Medium to 6k).
+    assert len(FILES) == 3 * 7 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 and f"{len(FILES)} files, as written" in result.stdout
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
@@ -50,12 +51,21 @@ def test_every_point_resolves_to_the_published_settings(path):
     config = load_config(path, [])
     resolved = resolve_config(config).config
     index = list(PARAMETERS).index(size)
-    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH[batch])
-    scaling = variant == "48b"
+    ramp = variant == "ramp"  # 768 -> 6k, doubling at 5%, 15%, 35% of the 48B tokens
+    first = 768 if ramp else BATCH[batch]
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, first)
+    assert config.batch_schedule == ([[0, 768], [2_400_000_000, 1536], [7_200_000_000, 3072],
+                                      [16_800_000_000, 6144]] if ramp else [])
+    assert not ramp or (size, batch, optimizer) in (("medium", "6k", "adamw"), ("medium", "6k", "merit"))
+    # The CBS parents keep a checkpoint every tenth of the run.
+    cbs = variant == "cbs"
+    assert config.permanent_checkpoint_interval == (int(20 * PARAMETERS[size]) // (480 * 1024) // 10 if cbs else 0)
+    assert not cbs or (size, batch) == ("small", "480") and optimizer in ("adamw", "lamb", "merit", "muon")
+    scaling = variant in ("48b", "ramp")
     assert config.max_tokens == (48e9 if scaling else 20 * PARAMETERS[size])
     assert not scaling or (size, optimizer) in (("medium", "adamw"), ("medium", "lamb"), ("medium", "merit"))
     # Warmup: 2% of the steps, at least 30 (Adam's beta2 timescale, Sophia-G's first Hessian estimates).
-    steps = config.max_tokens / (BATCH[batch] * 1024)
+    steps = config.max_tokens / (first * 1024)
     assert config.warmup_tokens == 0 and config.warmup_steps == max(30, round(0.02 * steps))
     assert config.lr == PEAK_LR[optimizer][index]
     # min_lr: the sources' (AdamW's and Sophia-G's configs; Muon AdamW's), lr / 10 where none is published.
@@ -69,7 +79,7 @@ def test_every_point_resolves_to_the_published_settings(path):
         expected = {"maxlamb": False, "norm": "max", "elementwise_clip": True, "weightwise_lower_bound": True,
                     **ABLATION.get(variant, {})}
         assert {k: options[k] for k in expected} == expected
-        assert variant in (None, "qkclip", "48b") or (size, batch) == ("small", "1k")
+        assert variant in (None, "qkclip", "48b", "cbs", "ramp") or (size, batch) == ("small", "1k")
     if optimizer == "muon":
         assert options["adjust_lr"] == "match_rms_adamw" and options["momentum"] == 0.95 and options["nesterov"]
     assert config.qk_norm == ("layernorm" if variant == "qknorm" else None)
@@ -79,7 +89,8 @@ def test_every_point_resolves_to_the_published_settings(path):
     assert config.grad_clip == 1.0 and config.lr_schedule == "cosine" and config.tokenizer == "gpt2"
     schedule = BatchSchedule.of(config, 1024)
     total, warmup = schedule.lengths(config)
-    assert total * BATCH[batch] * 1024 <= config.max_tokens < (total + 1) * BATCH[batch] * 1024 and warmup > 0
+    last = schedule.tokens_per_step(total - 1)
+    assert schedule.tokens(total) <= config.max_tokens < schedule.tokens(total) + last and warmup > 0
     schedule.check_divisible(config.micro_batch_size, 8)  # divides on 8 GPUs
     model_config = config.model_config(50257)
     assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS[size]

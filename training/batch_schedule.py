@@ -138,6 +138,19 @@ class BatchSchedule:
                           decay_start=self.tokens(decay_start), lr=config.lr, min_lr=config.min_lr,
                           kind=config.lr_schedule)
 
+    def set_optimizer(self, optimizer, config: TrainConfig, step: int) -> None:
+        """Give ``optimizer`` the batch of the step after ``step`` steps: its tokens (Sophia-G's
+        Hessian scale) and, by ``config.batch_half_life_betas``, the decays at their half-life in
+        tokens (beta ** (B / B0)), in every param group that has them."""
+        optimizer.set_batch_tokens(self.tokens_per_step(step))
+        if config.batch_half_life_betas:
+            decays = half_life_betas(config, self.ratio(step), tuple(config.batch_half_life_betas.split(",")))
+            for group in optimizer.param_groups:
+                if "betas" in group:
+                    group["betas"] = (decays.get("beta1", config.beta1), decays.get("beta2", config.beta2))
+                if "momentum" in group and "optimizer_options" in decays:
+                    group["momentum"] = decays["optimizer_options"]["momentum"]
+
     def state_dict(self) -> list[list[int]]:
         return [[p.step, p.tokens, p.batch] for p in self.phases]
 
