@@ -35,7 +35,6 @@ from configs import ConfigError, TrainConfig
 from training.schedule import LrSchedule, decay_steps
 
 
-
 @dataclass(frozen=True)
 class Phase:
     step: int  # optimizer steps taken when it begins
