@@ -124,15 +124,19 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_fix(runs, byte_shard
 
 def test_sophia_g_s_hessian_pass_runs_through_each_layout(byte_shards, tmp_path):
     """Sophia-G's extra pass (Trainer.gradients: its own forward/backward over the next global
-    batch, clipped, squared into the sharded or partitioned Hessian EMA) gives DDP's parameters."""
+    batch, clipped, squared into the sharded or partitioned Hessian EMA) gives DDP's parameters,
+    under a batch schedule too (8 sequences for 2 steps, then 16: the Hessian scale and the pass's
+    batch follow it, through ZeRO-1's delegation to each rank's optimizer)."""
     common = [*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=sophiag", "--sample_tokens=0",
-              "--optimizer_options={'hessian_interval': 2}"]
+              "--optimizer_options={'hessian_interval': 2}", "--batch_schedule=[(0, 8), (512, 16)]"]
     params = {}
     for name, extra in STRATEGIES.items():
         run_train(*common, f"--run_name={name}", *extra, nproc=2)
         params[name] = load_model(tmp_path / name / CHECKPOINT_NAME)[0].state_dict()
-        hessian_norms = [v for (_, key), v in metrics(tmp_path / name).items() if key.startswith("hessian_norm/")]
+        logged = metrics(tmp_path / name)
+        hessian_norms = [v for (_, key), v in logged.items() if key.startswith("hessian_norm/")]
         assert hessian_norms and max(hessian_norms) > 0, name  # the Hessian EMA was refreshed
+        assert (logged[(2, "batch/size")], logged[(4, "batch/size")]) == (8, 16), name
     assert_same_parameters(params["zero1"], params["ddp"], "zero1")
     # The pass clips its gradient to norm 1: under FSDP2 that norm is summed over shards, an ulp
     # apart, and Sophia-G's step divides by the Hessian EMA it scales (1.6e-6 after 4 steps here).
