@@ -215,8 +215,12 @@ class Trainer:
     def check_finite(self):
         """The non-finite policy (training/nonfinite.py), where the loop syncs anyway (log steps,
         checkpoints): a stop raises, skipped steps are reported, non-finite parameters never saved."""
-        skipped = self.nonfinite.check(self.step, lambda: self.layout.all_finite(p.detach() for p in
-                                                                                  self.model.parameters()))
+        try:
+            skipped = self.nonfinite.check(self.step, lambda: self.layout.all_finite(p.detach() for p in
+                                                                                      self.model.parameters()))
+        except NonFiniteError as error:  # (the run's record says where and why it stopped)
+            self.parts.find(metrics.MetricsLog).event({"nonfinite": {"step": self.step, "error": str(error)}})
+            raise
         if skipped and self.ctx.is_main:
             tqdm.write(skipped)
 

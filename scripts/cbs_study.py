@@ -24,8 +24,8 @@ Writes OUT/ (default runs/cbs_study): a sweep folder per optimizer and arm (``sm
 ``large``), the branches under seed 0's parent, ``report.md`` (scripts/report.py's tables: the
 critical batch by branching per parent, and the ramps against their controls, read on
 heldout/loss) and ``figures/``. ``--archive`` packs the runs' configs and metrics (the branches'
-metrics cut to what the measurement reads: step, tokens, train/loss, lr, batch) into an
-xz-compressed tar, from which scripts/report.py and scripts/plot.py draw the same tables and
+metrics cut to what the measurement reads: step, tokens, train/loss, lr, batch, a divergence)
+into an xz-compressed tar, from which scripts/report.py and scripts/plot.py draw the same tables and
 figures. Rerunning skips finished runs and branches and resumes interrupted ones.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ MULTIPLIERS = (0.25, 0.5, 1, 2, 4, 8, 16)
 BRANCH_TOKENS = 65_536
 MINI_STUDY = ROOT / "docs" / "mini_study" / "runs.tar.xz"
 # What the archive keeps of a branch's records: what the measurement and the figures read.
-BRANCH_KEYS = ("step", "tokens", "train/loss", "lr", "batch/size", "batch/tokens_per_step", "batch/phase")
+BRANCH_KEYS = ("step", "tokens", "train/loss", "lr", "batch/size", "batch/tokens_per_step", "batch/phase", "event")
 
 
 def best_lrs(archive: Path, batch: int) -> dict[str, float]:

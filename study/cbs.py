@@ -58,9 +58,13 @@ class Branch:
         return f"step {self.step} k {self.multiplier:g} seed {self.seed}"
 
     def status(self) -> str:
-        """"finished" (its training loss of its last step is logged), "at step N", or "new"."""
-        if any(r.get("step") == self.config.stop_at_step and "train/loss" in r for r in self.records()):
+        """"finished" (its training loss of its last step is logged), "diverged" (it stopped on a
+        non-finite gradient: done, it fell behind), "at step N", or "new"."""
+        records = self.records()
+        if any(r.get("step") == self.config.stop_at_step and "train/loss" in r for r in records):
             return "finished"
+        if any(diverged(r) for r in records):
+            return "diverged"
         checkpoints = [int(NUMBERED.fullmatch(p.name).group(1)) for p in numbered(self.folder)]
         return f"at step {max(checkpoints)}" if checkpoints and max(checkpoints) > self.step else "new"
 
@@ -149,8 +153,8 @@ def write(branches: list[Branch], run_dir: Path, command: str) -> None:
             checkpoint.train_loader = {**checkpoint.train_loader,
                                        "position": checkpoint.train_loader["position"] + offset}
             save_in(branch.folder, checkpoint, keep=1)
-        lines = [f"# Branch {branch.name} of {run_dir}: batch {branch.config.batch_size} "
-                 f"= {branch.multiplier:g} x {branch.parent_batch}, from the parent's checkpoint at step {branch.step}.",
+        lines = [f"# Branch {branch.name} of {run_dir}: batch {branch.config.batch_size} = {branch.multiplier:g} x "
+                 f"{branch.parent_batch}, from the parent's checkpoint at step {branch.step}.",
                  f"# Written by: {command}", ""]
         lines += [f"{field.name} = {getattr(branch.config, field.name)!r}" for field in dataclasses.fields(TrainConfig)]
         with atomic_write(branch.file, "w") as f:
@@ -174,7 +178,7 @@ def launch_local(branches: list[Branch], nproc: int) -> list[str]:
     """Train the unfinished branches one after another, in this process (or under torchrun), each
     writing its output to BRANCH/train.log; returns the names of those that failed."""
     import train  # (imported once: every branch in this process shares it)
-    pending = [b for b in branches if b.status() != "finished"]
+    pending = [b for b in branches if b.status() not in ("finished", "diverged")]
     failed = []
     for branch in tqdm(pending, unit="branch", desc="branches"):
         with open(branch.folder / "train.log", "a") as log:
@@ -225,6 +229,8 @@ def critical_multiplier_interval(final: dict[float, dict[int, float]], epsilon: 
     """With seeds: the largest k that falls behind no smaller j, falling behind meaning the 95%
     interval of L_k - L_j (paired by seed) lies wholly above epsilon; None with fewer than 2 seeds."""
     def falls_behind(k, j):
+        if any(math.isinf(loss) and math.isfinite(final[j].get(seed, math.inf)) for seed, loss in final[k].items()):
+            return True  # (diverged where j did not)
         difference = paired_difference(final[k], final[j])
         return difference.mean - difference.ci95 > epsilon
     if min(len(seeds) for seeds in final.values()) < 2:
@@ -253,8 +259,16 @@ def branch_of(run: Run) -> tuple[Path, int, float, int] | None:
     return run.folder.parent.parent.parent, int(run.folder.parent.name[5:]), float(match[1]), int(match[2])
 
 
+def diverged(record: dict) -> bool:
+    """Whether a metrics record is a run's stop on a non-finite gradient (train.py logs the event)."""
+    return "nonfinite" in record.get("event", {})
+
+
 def branch_losses(run: Run) -> list[float] | None:
-    """A branch's training loss at each of its steps, None until it finished (logged its last step)."""
+    """A branch's training loss at each of its steps, None until it finished (logged its last step);
+    [inf] if it diverged (nonfinite="stop" ended it): it fell behind every branch that did not."""
+    if any(diverged(r) for r in run.records):
+        return [math.inf]
     step = branch_of(run)[1]
     losses = [r["train/loss"] for r in run.records if r.get("step", 0) > step and "train/loss" in r]
     finished = any(r.get("step") == run.config["stop_at_step"] and "train/loss" in r for r in run.records)
@@ -275,12 +289,16 @@ def measure(parent: Run, branches: list[Run], epsilon: float, ema: float) -> lis
         for run, series in zip(runs, finals):
             _, _, k, seed = branch_of(run)
             losses.setdefault(k, {})[seed] = smoothed(series, ema)
-        run, k = runs[0], branch_of(runs[0])[2]
+        # The tokens and batch at the checkpoint, from a branch that logged its first step.
+        logged_first = [(run, r) for run in runs for r in run.records if r.get("step") == step + 1 and "tokens" in r]
+        if not logged_first:  # (every branch diverged before its first log)
+            continue
+        run, first = logged_first[0]
+        k = branch_of(run)[2]
         config = TrainConfig(**{key: value for key, value in run.config.items() if key != "changes"})
         branch_batch = next((c["to"] for c in run.config.get("changes", []) if c["key"] == "batch_size"),
                             config.batch_size)
         block = config.model_config(1).block_size
-        first = next(r for r in run.records if r.get("step") == step + 1)  # (its tokens: after one step)
         logged = [r for r in parent.records if r.get("step", 0) <= step and r.get("noise_scale/b_simple") is not None]
         means = {k: sum(v.values()) / len(v) for k, v in losses.items()}
         reference = 1.0 if 1.0 in losses else min(losses)
@@ -326,7 +344,8 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
         if interval:
             row += [f"{m.k_interval:g}", f"{m.k_interval * m.batch:g}"]
         row.append(f"{m.b_simple:.3g}" if m.b_simple is not None else "-")
-        row.append(", ".join(f"{k:g}: {d.mean:+.4f}" + (f" ±{d.ci95:.4f}" if d.n > 1 else "")
+        row.append(", ".join(f"{k:g}: diverged" if any(map(math.isinf, m.losses[k].values())) else
+                             f"{k:g}: {d.mean:+.4f}" + (f" ±{d.ci95:.4f}" if d.n > 1 else "")
                              for k, d in m.differences.items()))
         lines.append("| " + " | ".join(row) + " |")
     rule = (f"k*: the largest multiplier k whose EMA-smoothed final training loss L_k keeps up with every smaller "
@@ -339,5 +358,6 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
 
 def save_json(measurements: list[Measurement], path: Path) -> None:
     with atomic_write(path, "w") as f:
-        json.dump([{**dataclasses.asdict(m), "differences": {k: dataclasses.asdict(d) for k, d in m.differences.items()}}
+        json.dump([{**dataclasses.asdict(m),
+                    "differences": {k: dataclasses.asdict(d) for k, d in m.differences.items()}}
                    for m in measurements], f, indent=1)

@@ -361,7 +361,8 @@ def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str
                     data = path.read_bytes()
                     if name == "metrics.jsonl" and branch_keys and is_branch(run):
                         data = "".join(json.dumps({k: v for k, v in record.items() if k in branch_keys}) + "\n"
-                                       for record in parse_records(data.decode()) if "step" in record).encode()
+                                       for record in parse_records(data.decode())
+                                       if "step" in record or "nonfinite" in record.get("event", {})).encode()
                     info = tarfile.TarInfo(f"{path.relative_to(root).as_posix()}")
                     info.size, info.mode = len(data), 0o644
                     tar.addfile(info, io.BytesIO(data))

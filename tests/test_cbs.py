@@ -3,6 +3,7 @@ hand-made loss curves whose answers are known, and branches of a tiny run: plann
 branch refused), trained (the k = 1, seed 0 branch is the parent's own continuation, bitwise),
 measured into the table the report prints and the figures draw; and the command, killed
 (SIGKILL) in a branch, run again: it resumes and prints the uninterrupted table."""
+import math
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from helpers import ROOT, TINY_RUN, train_here
-from configs import ConfigError
+from configs import ConfigError, TrainConfig
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
 from study.report import ramp_table, report
@@ -52,8 +53,36 @@ def test_the_interval_rule_reads_the_paired_differences_over_seeds():
     steady = {1: {0: 3.00, 1: 3.10, 2: 3.20}, 2: {0: 3.03, 1: 3.13, 2: 3.23}}
     assert cbs.critical_multiplier_interval(steady, 0.01) == 1
     difference = cbs.paired_difference(steady[2], steady[1])
-    assert difference.n == 3 and difference.mean == pytest.approx(0.03) and difference.std == pytest.approx(0, abs=1e-12)
+    assert difference.n == 3 and difference.mean == pytest.approx(0.03)
+    assert difference.std == pytest.approx(0, abs=1e-12)
     assert cbs.critical_multiplier_interval({1: {0: 3.0}, 2: {0: 3.0}}, 0.01) is None  # one seed: no interval
+
+
+def branch_run(tmp_path, k, seed, losses):
+    """A finished branch of step 8 of a batch-8 parent, as the study reads it (``losses``: its
+    training loss at each step; None: it diverged at its first log step)."""
+    block = TrainConfig(max_steps=1).model_config(1).block_size
+    batch = int(8 * k)
+    changes = [{"step": 8, "key": "batch_size", "from": 8, "to": batch}] if k != 1 else []
+    config = {**TrainConfig(max_steps=24, batch_size=8, stop_at_step=8 + len(losses or [0])).to_dict(),
+              "changes": changes}
+    records = ([{"event": {"nonfinite": {"step": 9, "error": "non-finite gradient at step 9"}}}] if losses is None
+               else [{"step": 9 + i, "tokens": (64 + (i + 1) * batch) * block, "train/loss": loss}
+                     for i, loss in enumerate(losses)])
+    return Run(tmp_path / "parent" / "branches" / "step_00000008" / f"k{k:g}_s{seed}", config, records)
+
+
+def test_a_diverged_branch_falls_behind_every_branch_that_did_not(tmp_path):
+    parent = Run(tmp_path / "parent", {}, [])
+    branches = [branch_run(tmp_path, 0.5, seed, [3.2, 3.0, 3.0, 3.0]) for seed in (0, 1)]
+    branches += [branch_run(tmp_path, 1.0, seed, [3.0, 3.0]) for seed in (0, 1)]
+    branches += [branch_run(tmp_path, 2.0, 0, None), branch_run(tmp_path, 2.0, 1, [2.5])]
+    assert cbs.branch_losses(branches[4]) == [math.inf]
+    [m] = cbs.measure(parent, branches, epsilon=0.01, ema=0.5)
+    # k = 0.5 ends at 3.025 (3.2, 3.1, 3.05, 3.025), k = 1 at 3.0, k = 2 diverged on one seed:
+    # behind by both rules, though its other seed's 2.5 is the best loss of all.
+    assert (m.step, m.batch, m.losses[0.5][0], m.k_epsilon, m.k_interval) == (8, 8, 3.025, 1.0, 1.0)
+    assert "2: diverged" in cbs.table([m], 0.01)
 
 
 def measurement(tokens, k, batch=8):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from configs import load_config
-from helpers import ROOT, TINY_RUN, no_host_reads, train_here
+from helpers import ROOT, TINY_RUN, no_host_reads, read_metrics, train_here
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.noise_scale import GradientNoiseScale
@@ -28,6 +28,8 @@ def test_stop_keeps_the_good_checkpoint_when_a_resumed_run_diverges(byte_shards,
     assert diverged.returncode == 1, diverged.stderr[-2000:]
     assert "non-finite gradient at step 6: stopping without saving" in diverged.stderr
     assert f"The last good checkpoint is {path} at step 4" in diverged.stderr
+    stopped = [r["event"]["nonfinite"] for r in read_metrics(tmp_path / "default") if "nonfinite" in r.get("event", {})]
+    assert [s["step"] for s in stopped] == [6] and "non-finite gradient at step 6" in stopped[0]["error"]  # recorded
     assert path.read_bytes() == good  # never overwritten by the diverged state
     assert all(t.isfinite().all() for t in Checkpoint.load(path).model.values())
 

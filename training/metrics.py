@@ -186,6 +186,11 @@ class MetricsLog(Part):
         self.run.run_lock.check()  # (a run whose folder was taken over writes nothing more)
         self.logger.log(metrics)
 
+    def event(self, info: dict) -> None:
+        """An ``{"event": info}`` line in the main rank's record (e.g. a stop on a non-finite gradient)."""
+        if self.logger is not None:
+            self.logger.log_run_info(info, key="event")
+
     def close(self) -> None:
         if self.logger is not None:
             self.logger.close()
