@@ -60,11 +60,9 @@ class Branch:
     def status(self) -> str:
         """"finished" (its training loss of its last step is logged), "diverged" (it stopped on a
         non-finite gradient: done, it fell behind), "at step N", or "new"."""
-        records = self.records()
-        if any(r.get("step") == self.config.stop_at_step and "train/loss" in r for r in records):
-            return "finished"
-        if any(diverged(r) for r in records):
-            return "diverged"
+        done = ending(self.records(), self.config.stop_at_step)
+        if done:
+            return done
         checkpoints = [int(NUMBERED.fullmatch(p.name).group(1)) for p in numbered(self.folder)]
         return f"at step {max(checkpoints)}" if checkpoints and max(checkpoints) > self.step else "new"
 
@@ -259,20 +257,22 @@ def branch_of(run: Run) -> tuple[Path, int, float, int] | None:
     return run.folder.parent.parent.parent, int(run.folder.parent.name[5:]), float(match[1]), int(match[2])
 
 
-def diverged(record: dict) -> bool:
-    """Whether a metrics record is a run's stop on a non-finite gradient (train.py logs the event)."""
-    return "nonfinite" in record.get("event", {})
+def ending(records: list[dict], stop_at_step: int) -> str | None:
+    """How a branch's records end: "finished" (the training loss of its last step is logged),
+    "diverged" (train.py recorded a stop on a non-finite gradient), or None (not done)."""
+    if any(r.get("step") == stop_at_step and "train/loss" in r for r in records):
+        return "finished"
+    return "diverged" if any("nonfinite" in r.get("event", {}) for r in records) else None
 
 
 def branch_losses(run: Run) -> list[float] | None:
-    """A branch's training loss at each of its steps, None until it finished (logged its last step);
-    [inf] if it diverged (nonfinite="stop" ended it): it fell behind every branch that did not."""
-    if any(diverged(r) for r in run.records):
-        return [math.inf]
+    """A branch's training loss at each of its steps, None until it is done; [inf] if it diverged
+    (nonfinite="stop" ended it): it fell behind every branch that did not."""
+    done = ending(run.records, run.config["stop_at_step"])
+    if done != "finished":
+        return [math.inf] if done else None
     step = branch_of(run)[1]
-    losses = [r["train/loss"] for r in run.records if r.get("step", 0) > step and "train/loss" in r]
-    finished = any(r.get("step") == run.config["stop_at_step"] and "train/loss" in r for r in run.records)
-    return losses if finished else None
+    return [r["train/loss"] for r in run.records if r.get("step", 0) > step and "train/loss" in r]
 
 
 def measure(parent: Run, branches: list[Run], epsilon: float, ema: float) -> list[Measurement]:

@@ -18,7 +18,7 @@ from configs import ConfigError, TrainConfig
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
 from study.report import ramp_table, report
-from study.runs import Run, find_runs, is_branch, summary
+from study.runs import Run, find_runs, is_branch
 from training.checkpoint import Checkpoint
 from training.parts import Part, Step
 
@@ -117,9 +117,9 @@ def test_the_ramp_table_sets_a_ramp_beside_its_constant_batches(tmp_path):
     assert [row[1:5] for row in rows] == [["constant small", "8", "16", "0%"],
                                           ["ramp", "8 -> 16 (at 1,024 tokens) -> 32 (at 2,048 tokens)", "8", "50%"],
                                           ["constant large", "32", "4", "75%"]]
-    # The ramp's difference from the small batch, paired by seed: -0.02, +0.02, -0.04.
-    difference = summary([-0.02, 0.02, -0.04])
-    assert rows[1][6].startswith(f"{difference.mean:+.3f} [{difference.mean - difference.ci95:+.3f}, ")
+    # The ramp's difference from the small batch, paired by seed: -0.02, +0.02, -0.04: mean -0.0133,
+    # std 0.0306, 95% half-width t(2) 4.303 x 0.0306 / sqrt(3) = 0.0759.
+    assert rows[1][6] == "-0.013 [-0.089, +0.063] |"
     assert rows[0][5].startswith("3.100 ± 0.100")
 
 
@@ -171,9 +171,17 @@ def copy_of(parent, tmp_path):
     return tmp_path / "parent"
 
 
-def test_branches_train_and_measure_the_critical_batch(parent, tmp_path):
-    run = copy_of(parent, tmp_path)
-    runs = branch_here(run)
+@pytest.fixture(scope="module")
+def branched(parent, tmp_path_factory):
+    """A copy of the parent with its branches trained (in this process): the run folder."""
+    run = copy_of(parent, tmp_path_factory.mktemp("branched"))
+    branch_here(run)
+    return run
+
+
+def test_branches_train_and_measure_the_critical_batch(branched):
+    run = branched
+    runs = find_runs([run])
     branches = [r for r in runs if is_branch(r)]
     assert len(branches) == 12
     # Each branch trained 1,024 tokens at its batch, with the lr times sqrt(k), from its parent's step.
@@ -234,9 +242,9 @@ def test_what_cannot_branch_is_refused_with_its_fix(parent, changes, error):
 
 
 @pytest.mark.slow
-def test_the_command_killed_in_a_branch_resumes_and_prints_the_table(parent, tmp_path):
-    whole = copy_of(parent, tmp_path / "whole")
-    expected = cbs.table(cbs.measured_runs(branch_here(whole), 0.01, 0.5)[whole], 0.01)
+def test_the_command_killed_in_a_branch_resumes_and_prints_the_table(parent, branched, tmp_path):
+    whole = branched  # (the same branches, trained uninterrupted in this process)
+    expected = cbs.table(cbs.measured_runs(find_runs([whole]), 0.01, 0.5)[whole], 0.01)
     run = copy_of(parent, tmp_path / "killed")
     command = [sys.executable, "-m", "scripts.cbs", str(run), *BRANCHING, "--launch", "local"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
