@@ -15,7 +15,7 @@ from torch import nn
 
 import optim
 from helpers import ROOT, require_backend
-from optim import LAMB, MERIT, Lion, SophiaG, backends
+from optim import LAMB, MERIT, AdamWScheduleFree, AdEMAMix, Lion, SophiaG, backends
 from optim.backends import reference, triton
 
 # Compiles the recorded configurations (argv[1], JSON) for sm_90, as Triton does before a launch
@@ -81,6 +81,10 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                lambda ps: Lion(ps, lr=0.1, weight_decay=0.1, **on), lambda ps: Lion(ps, lr=0.1, **on),
                lambda ps: SophiaG(ps, lr=0.1, weight_decay=0.1, batch_tokens=8, **on),
                lambda ps: SophiaG(ps, batch_tokens=8, **on)]
+    makers += [lambda ps: AdEMAMix(ps, lr=0.1, weight_decay=0.1, alpha_warmup=3, beta3_warmup=3, **on),
+               lambda ps: AdEMAMix(ps, lr=0.1, alpha_warmup=0, beta3_warmup=0, **on),
+               lambda ps: AdamWScheduleFree(ps, lr=0.1, weight_decay=0.1, **on),
+               lambda ps: AdamWScheduleFree(ps, lr=0.1, **on)]
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         for make in makers:
             params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
@@ -96,9 +100,13 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                     opt.step_unless(torch.tensor(False))
                 else:
                     opt.step()
+    # Schedule-Free drops a flagged step on the host (optim/schedulefree.py): its flagged kernel, called here.
+    y, g, z, v = torch.randn(4, 7).unbind()
+    triton.schedulefree_step(y, g, z, v.abs(), lr=0.1, y_lr=-0.1, ckp1=0.5, wd=0.1, beta2=0.999, bias_correction2=0.5,
+                             eps=1e-8, skip=torch.tensor(False))
     configs = list(launches.values())
     assert {c["kernel"] for c in configs} == {"moments_and_norms", "trust_ratios", "apply_update", "lion_step",
-                                              "sophia_step"}
+                                              "sophia_step", "ademamix_step", "schedulefree_step"}
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compile every one, here

@@ -17,13 +17,21 @@ fused operations that sweep each tensor once or twice (docs/optimizers.md, "Impl
   (``rows`` None); NaN means s = 1. Overwrites u. Returns the number of |s * u| > 1 if ``count``.
 * ``lion_step``: ``p *= 1 - lr*wd; p -= lr * sign(lerp(m, g, 1-beta1)); m = lerp(m, g, 1-beta2)``.
 * ``sophia_step``: ``p *= 1 - lr*wd; m = lerp(m, g, 1-beta1); p -= lr * clamp(m / (scale*h + eps), -1, 1)``.
+* ``ademamix_step``: ``m1 = b1*m1 + (1-b1)*g; m2 = b3*m2 + (1-b3)*g; v = b2*v + (1-b2)*g*g;
+  p -= lr * ((m1/bias_correction1 + alpha*m2) / (sqrt(v)/sqrt(bias_correction2) + eps) + wd*p)``, in
+  the authors' order (apple/ml-ademamix); the optimizer computes this step's alpha and b3. May
+  consume the gradient (the torch reference builds the update in its storage).
+* ``schedulefree_step`` (Schedule-Free AdamW; y the parameter): ``v = b2*v + (1-b2)*g*g;
+  u = g / (sqrt(v / bias_correction2) + eps) + wd*y; y = lerp(y, z, ckp1) + y_lr*u; z -= lr*u``, in
+  ``schedulefree.AdamWScheduleFree.step``'s order; the optimizer computes lr, ckp1, y_lr and the bias
+  correction. May consume the gradient (the torch reference builds u in its storage, as the package does).
 
 Each takes an optional ``skip``: a 0-d tensor on the tensors' device (torch's ``found_inf``);
 where it is nonzero the operation leaves p and its state as they were (the gradient, consumed,
 may hold anything afterwards). It is read on the device (the C++ kernels' CPU flag on the host,
 where that costs nothing), so dropping a non-finite step needs no host sync.
 
-Three modules implement all four with the signatures of ``Backend`` below:
+Three modules implement all of them with the signatures of ``Backend`` below:
 
 =========  ==============================  =========================================================
 name       module                          takes
@@ -76,6 +84,14 @@ class Backend(Protocol):
 
     def sophia_step(self, p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
                     scale: float, eps: float, skip: Tensor | None = None) -> None: ...
+
+    def ademamix_step(self, p: Tensor, g: Tensor, m1: Tensor, m2: Tensor, v: Tensor, *, lr: float, wd: float,
+                      beta1: float, beta2: float, beta3: float, alpha: float, bias_correction1: float,
+                      bias_correction2: float, eps: float, skip: Tensor | None = None) -> None: ...
+
+    def schedulefree_step(self, y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, y_lr: float, ckp1: float,
+                          wd: float, beta2: float, bias_correction2: float, eps: float,
+                          skip: Tensor | None = None) -> None: ...
 
 
 def check_setting(setting: str) -> None:

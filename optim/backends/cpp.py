@@ -1,7 +1,8 @@
 """The fused operations as C++/OpenMP kernels for CPU tensors (``csrc/``).
 
 One extension holds them all: the two passes of the trust-ratio optimizers
-(``csrc/trust_ratio.cpp``) and the one-sweep steps of Lion and Sophia-G (``csrc/sign.cpp``).
+(``csrc/trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``csrc/sign.cpp``) and those
+of AdEMAMix and Schedule-Free AdamW (``csrc/adam_family.cpp``); ``csrc/common.h`` is what they share.
 ``load`` builds it with ``torch.utils.cpp_extension.load`` into torch's extensions directory
 (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) the first time, and loads it
 from there afterwards; torch's build lock there makes concurrent ranks wait for one build. It is
@@ -25,7 +26,7 @@ from . import common, reference
 
 NAME = "cpp"
 TAKES = "contiguous CPU tensors of one dtype: float32, bfloat16 or float64"
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("trust_ratio.cpp", "sign.cpp")]
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("trust_ratio.cpp", "sign.cpp", "adam_family.cpp")]
 
 
 def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
@@ -117,6 +118,20 @@ def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: fl
                 scale: float, eps: float, skip: Tensor | None = None) -> None:
     if not _skipped(skip):
         torch.ops.nanomerit.sophia_step(p, g, m, h, lr, wd, beta1, scale, eps)
+
+
+def ademamix_step(p: Tensor, g: Tensor, m1: Tensor, m2: Tensor, v: Tensor, *, lr: float, wd: float, beta1: float,
+                  beta2: float, beta3: float, alpha: float, bias_correction1: float, bias_correction2: float,
+                  eps: float, skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.ademamix_step(p, g, m1, m2, v, lr, wd, beta1, beta2, beta3, alpha, bias_correction1,
+                                          bias_correction2, eps)
+
+
+def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, y_lr: float, ckp1: float, wd: float,
+                      beta2: float, bias_correction2: float, eps: float, skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.schedulefree_step(y, g, z, v, lr, y_lr, ckp1, wd, beta2, bias_correction2, eps)
 
 
 def _skipped(skip: Tensor | None) -> bool:

@@ -100,6 +100,44 @@ def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: fl
     _commit(m, m_new, skip)
 
 
+def ademamix_step(p: Tensor, g: Tensor, m1: Tensor, m2: Tensor, v: Tensor, *, lr: float, wd: float, beta1: float,
+                  beta2: float, beta3: float, alpha: float, bias_correction1: float, bias_correction2: float,
+                  eps: float, skip: Tensor | None = None) -> None:
+    # The authors' order, each product rounded on its own (apple/ml-ademamix): the kernels round alike.
+    m1_new, m2_new, v_new = _staged(m1, skip), _staged(m2, skip), _staged(v, skip)
+    m1_new.mul_(beta1).add_(g, alpha=1 - beta1)        # m1 = b1*m1 + (1-b1)*g
+    m2_new.mul_(beta3).add_(g, alpha=1 - beta3)        # m2 = b3*m2 + (1-b3)*g
+    v_new.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
+    # The update is built in the gradient's storage (consumed), with one scratch tensor.
+    slow = torch.mul(m2_new, alpha, out=_scratch(p))
+    u = torch.div(m1_new, bias_correction1, out=g).add_(slow)  # m1/bc1 + alpha*m2
+    u.div_(torch.sqrt(v_new, out=slow).div_(math.sqrt(bias_correction2)).add_(eps))
+    if wd != 0:
+        u.add_(p, alpha=wd)
+    u.mul_(-lr)
+    if skip is None:
+        p.add_(u)
+    else:
+        _commit(p, torch.add(p, u), skip)
+    for t, new in ((m1, m1_new), (m2, m2_new), (v, v_new)):
+        _commit(t, new, skip)
+
+
+def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, y_lr: float, ckp1: float, wd: float,
+                      beta2: float, bias_correction2: float, eps: float, skip: Tensor | None = None) -> None:
+    # schedulefree.AdamWScheduleFree.step's operations in its order, so that on CPU this is the package
+    # bitwise; the update u is built in the gradient's storage (consumed), as the package does.
+    v_new, y_new, z_new = _staged(v, skip), _staged(y, skip), _staged(z, skip)
+    v_new.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = b2*v + (1-b2)*g*g
+    u = torch.div(g, torch.div(v_new, bias_correction2, out=_scratch(y)).sqrt_().add_(eps), out=g)
+    if wd != 0:
+        u.add_(y, alpha=wd)                            # the decay taken at y (before its update)
+    y_new.lerp_(z, ckp1).add_(u, alpha=y_lr)           # y = lerp(y, z, ckp1) + y_lr*u, z before its update
+    z_new.sub_(u, alpha=lr)                            # z = z - lr*u
+    for t, new in ((v, v_new), (y, y_new), (z, z_new)):
+        _commit(t, new, skip)
+
+
 def skipped_ratios(p: Tensor, reduce: str) -> tuple[Tensor, ...]:
     """What ``moments_and_ratios`` returns for a skipped update that computed nothing: guarded
     (NaN) ratios of the right shapes."""

@@ -27,7 +27,7 @@ _TILE = 2048
 _MAX_BLOCK_C = 256
 _FLAT_COLS = 2048     # row length when a tensor's norm is taken as a whole
 _RATIO_BLOCK = 1024
-_SIGN_BLOCK = 1024
+_STEP_BLOCK = 1024  # the one-sweep steps' elements per program
 
 
 def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
@@ -161,16 +161,31 @@ def apply_update(p: Tensor, u: Tensor, rows: Tensor | None, cols: Tensor | None,
 
 def lion_step(p: Tensor, g: Tensor, m: Tensor, *, lr: float, wd: float, beta1: float, beta2: float,
               skip: Tensor | None = None) -> None:
-    _launch(_kernels().lion_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, _flag(skip, p), p.numel(),
+    _launch(_kernels().lion_step, (-(-p.numel() // _STEP_BLOCK),), p, g, m, _flag(skip, p), p.numel(),
             1 - lr * wd, -lr, 1 - beta1, 1 - beta2, DECAYS=wd != 0, SKIPS=skip is not None,
-            COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+            COMPUTE=_compute(p.dtype), BLOCK=_STEP_BLOCK)
 
 
 def sophia_step(p: Tensor, g: Tensor, m: Tensor, h: Tensor, *, lr: float, wd: float, beta1: float,
                 scale: float, eps: float, skip: Tensor | None = None) -> None:
-    _launch(_kernels().sophia_step, (-(-p.numel() // _SIGN_BLOCK),), p, g, m, h, _flag(skip, p), p.numel(),
+    _launch(_kernels().sophia_step, (-(-p.numel() // _STEP_BLOCK),), p, g, m, h, _flag(skip, p), p.numel(),
             1 - lr * wd, -lr, 1 - beta1, scale, eps, DECAYS=wd != 0, SKIPS=skip is not None,
-            COMPUTE=_compute(p.dtype), BLOCK=_SIGN_BLOCK)
+            COMPUTE=_compute(p.dtype), BLOCK=_STEP_BLOCK)
+
+
+def ademamix_step(p: Tensor, g: Tensor, m1: Tensor, m2: Tensor, v: Tensor, *, lr: float, wd: float, beta1: float,
+                  beta2: float, beta3: float, alpha: float, bias_correction1: float, bias_correction2: float,
+                  eps: float, skip: Tensor | None = None) -> None:
+    _launch(_kernels().ademamix_step, (-(-p.numel() // _STEP_BLOCK),), p, g, m1, m2, v, _flag(skip, p), p.numel(),
+            beta1, 1 - beta1, beta3, 1 - beta3, beta2, 1 - beta2, bias_correction1, math.sqrt(bias_correction2), eps,
+            alpha, wd, -lr, DECAYS=wd != 0, SKIPS=skip is not None, COMPUTE=_compute(p.dtype), BLOCK=_STEP_BLOCK)
+
+
+def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, y_lr: float, ckp1: float, wd: float,
+                      beta2: float, bias_correction2: float, eps: float, skip: Tensor | None = None) -> None:
+    _launch(_kernels().schedulefree_step, (-(-y.numel() // _STEP_BLOCK),), y, g, z, v, _flag(skip, y), y.numel(),
+            beta2, 1 - beta2, bias_correction2, eps, wd, ckp1, y_lr, -lr, DECAYS=wd != 0, SKIPS=skip is not None,
+            COMPUTE=_compute(y.dtype), BLOCK=_STEP_BLOCK)
 
 
 def _flag(skip: Tensor | None, p: Tensor) -> Tensor:

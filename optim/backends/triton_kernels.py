@@ -3,12 +3,12 @@
 They compute what the C++ kernels of ``csrc/`` compute, with the same roundings, so the torch
 reference (optim/backends/reference.py) is the reference for both: MERIT's and LAMB's two passes with a
 small kernel between them that turns the reduced norms into trust ratios, and the one-sweep steps
-of Lion and Sophia-G. Elements are computed in float32 (float64 for float64 tensors); where a
-reference rounds an intermediate to bfloat16, ``_round`` rounds it to nearest even with integer
-operations, because Triton's CPU interpreter (how the tests run these kernels without a GPU)
-truncates in its float conversions. The launcher disables FMA contraction, and division and
-square root are the IEEE ones (``_div``, ``_sqrt``), so the interpreter and a GPU compute
-the same bits.
+of Lion, Sophia-G, AdEMAMix and Schedule-Free AdamW. Elements are computed in float32 (float64 for
+float64 tensors); where a reference rounds an intermediate to bfloat16, ``_round`` rounds it to
+nearest even with integer operations, because Triton's CPU interpreter (how the tests run these
+kernels without a GPU) truncates in its float conversions. The launcher disables FMA
+contraction, and division and square root are the IEEE ones (``_div``, ``_sqrt``), so the
+interpreter and a GPU compute the same bits.
 
 Tensors are contiguous and seen as (n_rows, n_cols) row-major matrices; a tensor whose norm is
 taken as a whole is its flat elements cut into rows, the last one masked by ``numel``. Offsets
@@ -237,3 +237,72 @@ def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, skip_ptr, numel, decay: tl.float64, 
     kept = _kept(mask, skip_ptr, SKIPS)
     tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * x, dtype).to(dtype), mask=kept)
     tl.store(m_ptr + offs, m.to(dtype), mask=kept)
+
+
+@triton.jit
+def _ema(x, beta, w, g, dtype: tl.constexpr):
+    """x*beta + w*g rounded as torch's ``x.mul_(beta).add_(g, alpha=w)`` rounds it."""
+    return _round(_round(x * beta, dtype) + w * g, dtype)
+
+
+@triton.jit
+def _second_moment(v, beta2, w2, g, dtype: tl.constexpr):
+    """v*beta2 + w2*g*g rounded as torch's ``v.mul_(beta2).addcmul_(g, g, value=w2)`` rounds it."""
+    return _round(_round(v * beta2, dtype) + w2 * g * g, dtype)
+
+
+@triton.jit
+def ademamix_step(p_ptr, g_ptr, m1_ptr, m2_ptr, v_ptr, skip_ptr, numel, b1: tl.float64, w1: tl.float64,
+                  b3: tl.float64, w3: tl.float64, b2: tl.float64, w2: tl.float64, bc1: tl.float64,
+                  sqrt_bc2: tl.float64, eps: tl.float64, alpha: tl.float64, wd: tl.float64, neg_lr: tl.float64,
+                  DECAYS: tl.constexpr, SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """AdEMAMix: m1 = m1*b1 + w1*g; m2 = m2*b3 + w3*g; v = v*b2 + w2*g*g;
+    p += neg_lr * ((m1/bc1 + alpha*m2) / (sqrt(v)/sqrt_bc2 + eps) [+ wd*p if DECAYS])."""
+    dtype = p_ptr.dtype.element_ty
+    b1, w1, b3, w3 = _scalar(b1, COMPUTE), _scalar(w1, COMPUTE), _scalar(b3, COMPUTE), _scalar(w3, COMPUTE)
+    b2, w2, bc1 = _scalar(b2, COMPUTE), _scalar(w2, COMPUTE), _scalar(bc1, COMPUTE)
+    sqrt_bc2, eps, alpha = _scalar(sqrt_bc2, COMPUTE), _scalar(eps, COMPUTE), _scalar(alpha, COMPUTE)
+    wd, neg_lr = _scalar(wd, COMPUTE), _scalar(neg_lr, COMPUTE)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    p = _load(p_ptr, offs, mask, COMPUTE)
+    m1 = _ema(_load(m1_ptr, offs, mask, COMPUTE), b1, w1, g, dtype)
+    m2 = _ema(_load(m2_ptr, offs, mask, COMPUTE), b3, w3, g, dtype)
+    v = _second_moment(_load(v_ptr, offs, mask, COMPUTE), b2, w2, g, dtype)
+    denom = _round(_round(_div(_round(_sqrt(v), dtype), sqrt_bc2), dtype) + eps, dtype)
+    mix = _round(_round(_div(m1, bc1), dtype) + _round(m2 * alpha, dtype), dtype)
+    update = _round(_div(mix, denom), dtype)
+    if DECAYS:
+        update = _round(update + wd * p, dtype)
+    kept = _kept(mask, skip_ptr, SKIPS)
+    tl.store(p_ptr + offs, _round(p + _round(update * neg_lr, dtype), dtype).to(dtype), mask=kept)
+    tl.store(m1_ptr + offs, m1.to(dtype), mask=kept)
+    tl.store(m2_ptr + offs, m2.to(dtype), mask=kept)
+    tl.store(v_ptr + offs, v.to(dtype), mask=kept)
+
+
+@triton.jit
+def schedulefree_step(y_ptr, g_ptr, z_ptr, v_ptr, skip_ptr, numel, b2: tl.float64, w2: tl.float64, bc2: tl.float64,
+                      eps: tl.float64, wd: tl.float64, ckp1: tl.float64, y_lr: tl.float64, neg_lr: tl.float64,
+                      DECAYS: tl.constexpr, SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """Schedule-Free AdamW: v = v*b2 + w2*g*g; u = g / (sqrt(v/bc2) + eps) [+ wd*y if DECAYS];
+    y = lerp(y, z, ckp1) + y_lr*u; z += neg_lr*u."""
+    dtype = y_ptr.dtype.element_ty
+    b2, w2, bc2, eps = _scalar(b2, COMPUTE), _scalar(w2, COMPUTE), _scalar(bc2, COMPUTE), _scalar(eps, COMPUTE)
+    wd, ckp1 = _scalar(wd, COMPUTE), _scalar(ckp1, COMPUTE)
+    y_lr, neg_lr = _scalar(y_lr, COMPUTE), _scalar(neg_lr, COMPUTE)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    y = _load(y_ptr, offs, mask, COMPUTE)
+    z = _load(z_ptr, offs, mask, COMPUTE)
+    v = _second_moment(_load(v_ptr, offs, mask, COMPUTE), b2, w2, g, dtype)
+    denom = _round(_round(_sqrt(_round(_div(v, bc2), dtype)), dtype) + eps, dtype)
+    u = _round(_div(g, denom), dtype)
+    if DECAYS:
+        u = _round(u + wd * y, dtype)
+    kept = _kept(mask, skip_ptr, SKIPS)
+    tl.store(y_ptr + offs, _round(_round(_lerp(y, z, ckp1), dtype) + y_lr * u, dtype).to(dtype), mask=kept)
+    tl.store(z_ptr + offs, _round(z + neg_lr * u, dtype).to(dtype), mask=kept)
+    tl.store(v_ptr + offs, v.to(dtype), mask=kept)

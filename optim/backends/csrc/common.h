@@ -22,6 +22,7 @@ struct Storage {
   using op_t = scalar_t;
   static op_t load(raw x) { return x; }
   static raw store(op_t x) { return x; }
+  static op_t round(op_t x) { return x; }  // x as the storage dtype holds it
 };
 
 template <>
@@ -39,6 +40,7 @@ struct Storage<c10::BFloat16> {  // c10's conversions (round to nearest even), o
     std::memcpy(&bits, &x, sizeof bits);
     return std::isnan(x) ? uint16_t(0x7FC0) : uint16_t((bits + ((bits >> 16) & 1) + 0x7FFF) >> 16);
   }
+  static float round(float x) { return load(store(x)); }
 };
 
 // a + w * (b - a), rounded as torch's lerp (ATen/native/Lerp.h): the form depends on |w| < 0.5.
