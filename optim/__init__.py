@@ -22,34 +22,50 @@ from torch import nn
 
 from . import published
 from .adamw import adamw
+from .ademamix import AdEMAMix
 from .backends import SETTINGS as BACKENDS
 from .base import Optimizer
 from .lamb import LAMB
 from .lion import Lion
+from .mars import MARS
 from .merit import MERIT
-from .muon import Muon
+from .muon import DMuon, Muon
 from .param_groups import param_groups
 from .protocol import GradientFn, LossFn, TrainingHooks
+from .schedulefree import AdamWScheduleFree
+from .soap import SOAP
 from .sophia import SophiaG
 
-__all__ = ["BACKENDS", "GradientFn", "LAMB", "Lion", "LossFn", "MERIT", "Muon", "Optimizer", "SophiaG", "TrainingHooks", "adamw",
-           "Settings", "available", "build", "check_options", "param_groups", "register", "settings"]
+__all__ = ["AdEMAMix", "AdamWScheduleFree", "BACKENDS", "DMuon", "GradientFn", "LAMB", "Lion", "LossFn", "MARS",
+           "MERIT", "Muon", "Optimizer", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings", "available", "build",
+           "check_options", "param_groups", "register", "schedule_free", "settings"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
+    "adamw_schedulefree": AdamWScheduleFree,
+    "ademamix": AdEMAMix,
     "lamb": LAMB,
     "lion": Lion,
+    "mars": MARS,
     "merit": MERIT,
     "muon": Muon,
+    "dmuon": DMuon,  # the 2025 benchmark's Muon
+    "soap": SOAP,
     "sophiag": SophiaG,
 }
 _COMMON = ("lr", "weight_decay", "betas", "eps", "backend")
-_CONTEXT = ("batch_tokens",)  # supplied by the training loop, see build
+_CONTEXT = ("batch_tokens", "run_steps")  # supplied by the training loop, see build
 
 
 def available() -> list[str]:
     """Names ``build`` accepts."""
     return sorted(_REGISTRY)
+
+
+def schedule_free(name: str) -> bool:
+    """Whether optimizer ``name`` averages its iterates instead of decaying the lr (its factory's
+    ``SCHEDULE_FREE``): a run of it holds the lr constant after the warmup."""
+    return getattr(_REGISTRY[name.lower()], "SCHEDULE_FREE", False)
 
 
 def register(name: str, factory: Callable, gpt2_settings: dict | None = None) -> None:
@@ -118,20 +134,22 @@ def settings(name: str, defaults: str = "published", options: dict | None = None
 
 
 def build(optimizer: str | Settings, model_or_named_params, *, defaults: str = "published",
-          decay_embeddings: bool = False, batch_tokens: int | None = None, backend: str = "auto",
-          zero_redundancy: bool = False, **hyperparameters) -> torch.optim.Optimizer:
+          decay_embeddings: bool = False, batch_tokens: int | None = None, run_steps: int | None = None,
+          backend: str = "auto", zero_redundancy: bool = False, **hyperparameters) -> torch.optim.Optimizer:
     """Create an optimizer from its ``Settings``, or from its name (case-insensitive) and the
     ``hyperparameters`` chosen (``lr`` at least), resolved by ``settings``: the unchosen ones are
     its published GPT-2 values, or with ``defaults="constructor"`` its constructor's defaults.
 
     ``model_or_named_params``: an ``nn.Module``, grouped by the shared ``param_groups`` (decay on
-    matrices only; the hidden matrices apart for a factory whose ``HIDDEN_MATRICES_APART`` is
-    True); or anything torch optimizers accept (tensors, ``(name, tensor)`` pairs, group dicts),
-    passed through unchanged with the weight decay as the default for every group. ``backend``:
-    who runs the fused operations, one of ``BACKENDS`` (optim/backends/). ``batch_tokens`` (tokens
-    per optimizer step) is context the training loop supplies to every optimizer: it is passed to
-    the factories whose signature takes it (e.g. Sophia-G's Hessian scale, which then requires it)
-    and ignored by the others. ``zero_redundancy``: ZeRO-1, each rank keeps the state of its share
+    matrices only, on every parameter for a factory whose ``DECAYS_EVERY_PARAMETER`` is True; the
+    hidden matrices apart for a factory whose ``HIDDEN_MATRICES_APART`` is True); or anything torch
+    optimizers accept (tensors, ``(name, tensor)`` pairs, group dicts), passed through unchanged with
+    the weight decay as the default for every group. ``backend``: who runs the fused operations,
+    one of ``BACKENDS`` (optim/backends/). ``batch_tokens`` (tokens per optimizer step) and
+    ``run_steps`` (the run's optimizer steps) are context the training loop supplies to every
+    optimizer: each is passed to the factories whose signature takes it (e.g. Sophia-G's Hessian
+    scale, which then requires batch_tokens; AdEMAMix's warmups over the run) and ignored by the
+    others. ``zero_redundancy``: ZeRO-1, each rank keeps the state of its share
     of whole parameters (optim/zero.py; needs a process group).
     """
     if isinstance(optimizer, Settings):
@@ -148,7 +166,8 @@ def build(optimizer: str | Settings, model_or_named_params, *, defaults: str = "
     if isinstance(model_or_named_params, nn.Module):
         # (A matrix optimizer such as Muon takes the hidden matrices in a group of their own.)
         params = param_groups(model_or_named_params, kwargs["weight_decay"], decay_embeddings,
-                              hidden_matrices_apart=getattr(factory, "HIDDEN_MATRICES_APART", False))
+                              hidden_matrices_apart=getattr(factory, "HIDDEN_MATRICES_APART", False),
+                              decay_all=getattr(factory, "DECAYS_EVERY_PARAMETER", False))
     elif decay_embeddings:
         raise ValueError("decay_embeddings=True needs an nn.Module to find the embeddings")
     else:
@@ -156,8 +175,8 @@ def build(optimizer: str | Settings, model_or_named_params, *, defaults: str = "
     kwargs = {**kwargs, "backend": backend}
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    if "batch_tokens" in inspect.signature(factory).parameters:
-        kwargs["batch_tokens"] = batch_tokens
+    context = {"batch_tokens": batch_tokens, "run_steps": run_steps}
+    kwargs.update({key: value for key, value in context.items() if key in inspect.signature(factory).parameters})
     if zero_redundancy:
         from .zero import ZeroRedundancy  # (torch.distributed.optim: a part of start-up only ZeRO-1 pays)
         return ZeroRedundancy(list(params), factory, **kwargs)
@@ -182,7 +201,7 @@ def check_options(name: str, options) -> None:
         if option in _COMMON + _CONTEXT:
             raise TypeError(f"option {option!r} of optimizer {key!r} is set by the training config, not in "
                             f"optimizer_options: use its top-level key (lr, weight_decay, beta1/beta2, eps, "
-                            f"optim_backend; batch_tokens follows batch_size)")
+                            f"optim_backend; batch_tokens follows batch_size, run_steps the run's length)")
         if option not in accepted:
             raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
                             f"{_did_you_mean(option, [*accepted, *_COMMON])}; "

@@ -17,6 +17,7 @@ v, each orthogonalised (and its lr adjusted) on its own, as separate Linear laye
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -181,6 +182,26 @@ class Muon(Optimizer):
             else:
                 summary[f"group{i}"] = "torch (AdamW, fused)"
         return summary
+
+
+class DMuon(Muon):
+    """D-Muon, the 2025 optimizer benchmark's name (Semenov et al., "Benchmarking Optimizers for Large
+    Language Model Pretraining") for Moonlight's Muon (Liu et al. 2025): Muon with the
+    "match_rms_adamw" lr rule, its AdamW part at the same lr and weight decay, and weight decay on
+    EVERY parameter: embeddings, norms' gains and biases included (``optim.build`` groups a model's
+    parameters so; plain Muon recipes leave the AdamW side undecayed). The benchmark found it
+    consistent at every scale and much better than Muon without decay. Its options are Muon's but
+    ``adjust_lr``, which is Moonlight's rule by definition (Keller Jordan's is ``optimizer="muon"``).
+    """
+
+    DECAYS_EVERY_PARAMETER = True  # optim.build groups a model's parameters for it so
+    __init__ = functools.partialmethod(Muon.__init__, adjust_lr="match_rms_adamw")
+
+    def check_options(self, h: dict) -> None:
+        super().check_options(h)
+        if h["adjust_lr"] != "match_rms_adamw":
+            raise ValueError(f"Invalid adjust_lr for D-Muon: {h['adjust_lr']!r} (D-Muon is Moonlight's "
+                             f"'match_rms_adamw' rule; for Keller Jordan's 'original' use optimizer='muon')")
 
 
 def matrix_rows(name: str, rows: int) -> list[slice]:

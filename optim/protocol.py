@@ -15,6 +15,13 @@ The loop calls, and nothing else:
   and the run's seed for any sampling it does.
 * ``backends()`` and ``describe()``: which implementation steps each parameter group, for the
   start-up summary, the metrics log and the checkpoint.
+* ``eval()`` before anything reads the weights as the model (validation, the probe, samples,
+  zero-shot evaluation, a checkpoint) and ``train()`` before the next step: an optimizer whose
+  model is evaluated at another point than its gradients are taken (Schedule-Free AdamW: its
+  average x, and y) moves the parameters there and back; the others do nothing. Both are
+  idempotent, and the loop calls them on every rank in step.
+* ``GROUP_STATE``: the param-group keys that are the optimizer's state (Schedule-Free's step
+  count and weight sum), which a resume loads with the rest of it, not the run's settings.
 
 ``TrainingHooks`` is the mixin every optimizer of this package inherits (optim/base.py and torch's
 AdamW in optim/adamw.py), with the defaults: no extra passes, the torch implementation.
@@ -37,6 +44,9 @@ class TrainingHooks:
     """Mix into a torch.optim.Optimizer; its step() checks ``diagnostics_requested``."""
 
     _diagnostics_requested = False
+    # Param-group keys that are state, not hyper-parameters: a resume keeps the checkpoint's values
+    # of these (training/parallel.py) and gives every other key this run's.
+    GROUP_STATE: tuple[str, ...] = ()
 
     def request_diagnostics(self) -> None:
         self._diagnostics_requested = True
@@ -73,6 +83,16 @@ class TrainingHooks:
                 del self.found_inf
         elif not found_inf.item():
             self.step()
+
+    def eval(self) -> bool:
+        """Put the parameters where the model is evaluated, until ``train()``; whether they moved.
+        Nowhere by default: the parameters are the model."""
+        return False
+
+    def train(self) -> bool:
+        """Put the parameters back where the gradients are taken; whether they moved. (Named as
+        ``schedulefree``'s optimizers name the pair.)"""
+        return False
 
     def set_batch_tokens(self, tokens: int) -> None:
         """The tokens of the coming steps' global batch, set by the training loop before the first

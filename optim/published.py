@@ -23,16 +23,50 @@ AdamW's settings: a reproduction bug. Sources (docs/optimizers.md):
   weight decay 0.01, the AdamW part lr 3e-4, betas (0.9, 0.95) and eps 1e-10 (its default).
   Both recipes decay every auxiliary parameter; here the shared group builder decays none of
   the embeddings, norms and biases unless ``decay_embeddings`` (docs/optimizers.md).
+* D-Muon: the 2025 benchmark's (Semenov et al., epfml/llm-optimizer-benchmark, scripts/124m/d-muon.sh):
+  weight decay 0.1 on every parameter, momentum 0.95 with Nesterov, 5 Newton-Schulz steps, its AdamW
+  part at Muon's lr with betas (0.8, 0.999) and eps 1e-8 (lr 1e-3 at 124M, in the configs). Moonlight's
+  own AdamW betas are (0.9, 0.95), the ``muon`` recipe's; a config gets the benchmark's.
+* AdEMAMix: the 2025 benchmark's (Semenov et al., epfml/llm-optimizer-benchmark, scripts/124m/ademamix.sh;
+  the same at 210M and 720M): betas (0.9, 0.999), beta3 0.999, alpha 8, both warmups over the run's
+  steps (None: T_alpha = T_b3 = its iterations), weight decay 0.1, eps 1e-8 (the constructor's; the
+  script does not set it); lr 1e-3 in the configs. The authors' constructor defaults differ: beta3
+  0.9999, alpha 2, no warmups, no weight decay (pytorch_optimizer's: alpha 5, one warmup for both).
+* MARS: the 2025 benchmark's (scripts/124m/mars.sh; the same at 210M and 720M): MARS-AdamW lr 3e-3 (in
+  the configs), betas (0.95, 0.99), gamma 0.025, weight decay 0.1, eps 1e-8 (the constructor's); its
+  AdamW part lr 1e-3, betas (0.8, 0.999), weight decay 0.1 (the script's --lr, --beta1/--beta2; the
+  benchmark's main.py fixes weight_decay_1d 0.1). The authors' GPT-2 small recipe (AGI-Arena/MARS
+  README) differs: lr 6e-3, weight decay 1e-2, AdamW part lr 3e-3 and betas (0.9, 0.95).
+* SOAP: the 2025 benchmark's (scripts/124m/soap.sh, also 210M; 720M takes betas (0.95, 0.95); main.py's
+  defaults for the rest): betas (0.9, 0.999), weight decay 0.1, eps 1e-8, shampoo_beta -1 (= beta2), precondition
+  frequency 10, max_precond_dim 10,000; lr 1e-3 in the configs. The authors' defaults (nikhilvyas/SOAP
+  soap.py, the constructor's) differ: lr 3e-3, betas (0.95, 0.95), weight decay 0.01; a config gets the
+  benchmark's.
+* Schedule-Free AdamW: the 2025 benchmark's (scripts/124m/sf-adamw.sh): betas (0.9, 0.9999), weight
+  decay 0.1, r 0 and weight_lr_power 2 (its defaults), eps 1e-8 (the package's; the script does not
+  set it); lr 1e-3, a warmup of 2,000 steps (the config's warmup_steps; 8,000 at 210M and 720M),
+  grad clip 0.5 (0.1 at 720M) and no lr decay (lr_schedule "constant") in the configs. The authors'
+  defaults (``schedulefree`` 1.4.1) differ: lr 0.0025, betas (0.9, 0.999), no weight decay, no
+  warmup; their README recommends a warmup and beta1 0.95 or 0.98 for very long runs.
 
 The learning rate is not here: it depends on the model size, and every config sets it (but for
-the separate lr of Muon's AdamW part in Keller Jordan's recipe, a fixed 3e-4 there).
+the separate lr of an AdamW part: Muon's in Keller Jordan's recipe, a fixed 3e-4, and MARS's, 1e-3).
 """
 GPT2: dict[str, dict] = {
     "adamw": {"betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8},
+    "adamw_schedulefree": {"betas": (0.9, 0.9999), "weight_decay": 0.1, "eps": 1e-8, "r": 0.0, "weight_lr_power": 2.0},
+    "ademamix": {"betas": (0.9, 0.999), "beta3": 0.999, "alpha": 8.0, "alpha_warmup": None, "beta3_warmup": None,
+                 "weight_decay": 0.1, "eps": 1e-8},
     "merit": {"betas": (0.9, 0.95), "weight_decay": 1e-2, "eps": 1e-6},
     "lamb": {"betas": (0.9, 0.95), "weight_decay": 1e-2, "eps": 1e-6},
     "lion": {"betas": (0.9, 0.99), "weight_decay": 1.0},
+    "mars": {"betas": (0.95, 0.99), "gamma": 0.025, "weight_decay": 0.1, "eps": 1e-8, "adamw_lr": 1e-3,
+             "adamw_betas": (0.8, 0.999), "adamw_weight_decay": 0.1},
+    "soap": {"betas": (0.9, 0.999), "weight_decay": 0.1, "eps": 1e-8, "shampoo_beta": -1.0,
+             "precondition_frequency": 10, "max_precond_dim": 10000},
     "sophiag": {"betas": (0.965, 0.99), "weight_decay": 0.2, "rho": 0.05},
+    "dmuon": {"adjust_lr": "match_rms_adamw", "weight_decay": 0.1, "momentum": 0.95, "nesterov": True, "ns_steps": 5,
+              "betas": (0.8, 0.999), "eps": 1e-8},
     "muon": {"adjust_lr": "match_rms_adamw", "weight_decay": 0.1, "momentum": 0.95, "nesterov": True, "ns_steps": 5,
              "betas": (0.9, 0.95), "eps": 1e-8},
 }

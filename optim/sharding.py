@@ -138,6 +138,14 @@ class _Completed:
         if p.numel():
             self.ops.sophia_step(p, *tensors, **options)
 
+    def ademamix_step(self, p: Tensor, *tensors: Tensor, **options) -> None:
+        if p.numel():
+            self.ops.ademamix_step(p, *tensors, **options)
+
+    def schedulefree_step(self, y: Tensor, *tensors: Tensor, **options) -> None:
+        if y.numel():
+            self.ops.schedulefree_step(y, *tensors, **options)
+
     def _whole_norms(self, partials: Tensor, l2: bool) -> Tensor:
         """Norms from the ranks' partials: max of maxima, or the root of the summed squares."""
         reduced = self.shards.all_reduce(partials, dist.ReduceOp.SUM if l2 else dist.ReduceOp.MAX)

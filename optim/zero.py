@@ -96,6 +96,26 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
     def extra_pass(self, gradients: GradientFn, seed: int) -> None:
         self.optim.extra_pass(gradients, seed)  # (it updates this rank's state only)
 
+    @property
+    def GROUP_STATE(self) -> tuple[str, ...]:  # noqa: N802 (the protocol's class attribute)
+        return self.optim.GROUP_STATE
+
+    def eval(self) -> bool:
+        return self._moved(self.optim.eval())
+
+    def train(self) -> bool:
+        return self._moved(self.optim.train())
+
+    def _moved(self, moved: bool) -> bool:
+        """After this rank's optimizer moved the parameters whose state it keeps (Schedule-Free's z
+        is there only), every rank receives the others' from their owners, as after a step (exact:
+        each parameter is computed once); the whole groups learn where the parameters are. Every
+        rank agrees on ``moved``: it follows the groups' settings, the same on every rank."""
+        if moved:
+            self._sync_params()
+            self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        return moved
+
     def backends(self) -> dict[str, str]:
         return self.optim.backends()
 

@@ -1,6 +1,7 @@
 """Step time of every registered optimizer on GPT-2 Small parameter shapes.
 
     python -m scripts.bench_optim [--device cpu] [--dtype float32] [--steps 10] [--warmup 2] [--backend auto]
+                                  [--only NAME ...]
 
 Times ``optimizer.step()`` alone (fresh gradients are copied in before each step, untimed) for
 every name in ``optim.available()`` on ``--backend`` (optim/backends/; Muon with its Newton-Schulz
@@ -9,7 +10,8 @@ written straight from docs/optimizers.md the way the authors' code is (a per-ten
 steps alternate with those of a ``torch.optim.AdamW(fused=True)`` on its own copy of the
 parameters, so that the ratio compares steps taken under the same conditions (a shared machine's
 speed drifts by tens of percent). Prints the median over ``--steps`` steps after ``--warmup``:
-ms per step, and the median of the per-step ratios to the interleaved fused AdamW.
+ms per step, and the median of the per-step ratios to the interleaved fused AdamW; and the memory
+each keeps: bytes of optimizer state per byte of parameters (fused AdamW's m and v: 2).
 
 ``--passes`` times MERIT's two fused passes (optim/backends/) instead, on GPT-2 Small's matrices,
 each sequence of per-tensor calls interleaved with fused AdamW's step on the same shapes: pass 1
@@ -78,7 +80,7 @@ def make_optimizer(name: str, groups: list[dict], backend: str) -> torch.optim.O
     if name == "naive merit":
         return NaiveMERIT(groups, lr=1e-4)
     name, _, ns_dtype = name.partition(" ns ")  # e.g. "muon ns float32": Muon's other iteration dtype
-    return optim.build(name, groups, lr=1e-4, weight_decay=0.1, batch_tokens=480 * 1024,
+    return optim.build(name, groups, lr=1e-4, weight_decay=0.1, batch_tokens=480 * 1024, run_steps=10_000,
                        backend="auto" if name == "adamw" else backend, **({"ns_dtype": ns_dtype} if ns_dtype else {}))
 
 
@@ -132,6 +134,17 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmu
     ratio = statistics.median(t / b for t, b in zip(ours, base))
     newton_schulz_ms = 1e3 * statistics.median(extra[0][2]) if extra else None
     return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio, newton_schulz_ms
+
+
+def state_per_param_byte(name: str, device: torch.device, dtype: torch.dtype, backend: str = "auto") -> float:
+    """Bytes of ``name``'s state (every tensor in ``optimizer.state`` after one step) per byte of
+    the parameters."""
+    params, groups = make_params(device, dtype)
+    optimizer = make_optimizer(name, groups, backend)
+    set_grads(params, [torch.randn_like(p) for p in params])
+    optimizer.step()
+    state = sum(t.nbytes for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    return state / sum(p.nbytes for p in params)
 
 
 def set_grads(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
@@ -209,6 +222,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (state, build)")
     parser.add_argument("--backend", default="auto", choices=optim.BACKENDS, help="who runs the fused operations")
     parser.add_argument("--passes", action="store_true", help="MERIT's two passes instead (the docstring)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these optimizers alone (default: all of them)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.passes:
@@ -221,16 +235,22 @@ def main() -> None:
     # Muon's Newton-Schulz in the dtype "auto" does not pick too, to see the choice's numbers.
     other = "float32" if default_ns_dtype(device) == torch.bfloat16 else "bfloat16"
     names = [*optim.available(), f"muon ns {other}", "naive merit"]
+    if args.only:
+        unknown = set(args.only) - set(names)
+        if unknown:
+            parser.error(f"--only {' '.join(sorted(unknown))}: not one of {', '.join(names)}")
+        names = [name for name in names if name in args.only]
     n_params = sum(torch.Size(s).numel() for s in SHAPES)
     print(f"GPT-2 Small shapes: {len(SHAPES)} tensors, {n_params / 1e6:.1f}M parameters, {args.dtype} on "
           f"{device} ({torch.get_num_threads()} threads), optim_backend {args.backend!r}; median of "
           f"{args.steps} steps after {args.warmup}")
-    print(f"{'optimizer':<20}{'ms/step':>10}{'fused AdamW ms':>16}{'ratio':>8}")
+    print(f"{'optimizer':<20}{'ms/step':>10}{'fused AdamW ms':>16}{'ratio':>8}{'state/params':>14}")
     for name in names:
         ms, base, ratio, newton_schulz_ms = bench(name, device, dtype, args.steps, args.warmup, args.backend)
+        state = state_per_param_byte(name, device, dtype, args.backend)
         share = (f"   Newton-Schulz {newton_schulz_ms:.1f} ms ({newton_schulz_ms / ms:.0%} of the step)"
                  if newton_schulz_ms is not None else "")
-        print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{share}", flush=True)
+        print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{state:>14.2f}{share}", flush=True)
 
 
 if __name__ == "__main__":

@@ -123,12 +123,25 @@ PUBLISHED_GPT2 = {
     # Moonlight's recipe: Muon's update at AdamW's RMS, so both parts share AdamW's lr and decay.
     "muon": {"adjust_lr": "match_rms_adamw", "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8,
              "momentum": 0.95, "nesterov": True, "ns_steps": 5},
+    # The 2025 benchmark's 124M scripts (scripts/124m/*.sh of epfml/llm-optimizer-benchmark).
+    "ademamix": {"betas": (0.9, 0.999), "beta3": 0.999, "alpha": 8.0, "alpha_warmup": None, "beta3_warmup": None,
+                 "weight_decay": 0.1, "eps": 1e-8},
+    "dmuon": {"adjust_lr": "match_rms_adamw", "betas": (0.8, 0.999), "weight_decay": 0.1, "eps": 1e-8,
+              "momentum": 0.95, "nesterov": True, "ns_steps": 5},
+    # MARS: --mars_lr 3e-3 (the config's lr) on its matrices, --lr 1e-3 its AdamW part's, 0.1 both decays.
+    "mars": {"betas": (0.95, 0.99), "gamma": 0.025, "weight_decay": 0.1, "eps": 1e-8, "adamw_lr": 1e-3,
+             "adamw_betas": (0.8, 0.999), "adamw_weight_decay": 0.1},
+    "soap": {"betas": (0.9, 0.999), "weight_decay": 0.1, "eps": 1e-8, "shampoo_beta": -1.0,
+             "precondition_frequency": 10, "max_precond_dim": 10000},
+    "adamw_schedulefree": {"betas": (0.9, 0.9999), "weight_decay": 0.1, "eps": 1e-8, "r": 0.0,
+                           "weight_lr_power": 2.0},
 }
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_GPT2))
 def test_an_unset_hyperparameter_is_the_optimizers_published_one(name):
-    run = resolve_config(load_config("configs/gpt2_small_owt.py", [f"--optimizer={name}"]))
+    constant = ["--lr_schedule=constant"] if name == "adamw_schedulefree" else []  # (it refuses a decay)
+    run = resolve_config(load_config("configs/gpt2_small_owt.py", [f"--optimizer={name}", *constant]))
     settings = run.optimizer_settings
     for key, value in PUBLISHED_GPT2[name].items():
         assert settings[key] == (value, "published"), key

@@ -218,3 +218,36 @@ def test_auto_picks_bfloat16_where_the_cpu_has_bfloat16_units(monkeypatch):
         assert opt.ns_dtype(opt.param_groups[0], torch.device("cpu")) == expected
     assert opt.ns_dtype(opt.param_groups[0], torch.device("cuda")) == torch.bfloat16
     assert opt.ns_dtype({**opt.param_groups[0], "ns_dtype": "float32"}, torch.device("cuda")) == torch.float32
+
+
+def test_d_muon_is_moonlight_s_muon_with_every_parameter_decayed_at_one_lr():
+    """D-Muon built from a model: torch's Muon with Moonlight's lr rule on the hidden matrices, torch's
+    AdamW at the same lr and weight decay on every other parameter, biases and gains included. (The
+    fused c_attn, three matrices to Muon, is held above; torch's Muon does not step it here.)"""
+    model = tiny_gpt(bias=True)
+    ours = optim.build("dmuon", model, lr=0.01, ns_dtype="bfloat16")
+    settings = optim.settings("dmuon")
+    wd, betas, eps = settings["weight_decay"][0], settings["betas"][0], settings["eps"][0]
+    assert (wd, betas, settings["adjust_lr"][0]) == (0.1, (0.8, 0.999), "match_rms_adamw")
+    hidden = {id(p) for p in ours.param_groups[0]["params"]}
+    matrices_group, no_decay, rest_group = ours.param_groups
+    assert no_decay["params"] == [] and matrices_group["weight_decay"] == rest_group["weight_decay"] == wd
+    twin = copy.deepcopy(model)
+    matrices = [q for p, q in zip(model.parameters(), twin.parameters()) if id(p) in hidden and q.shape[0] != 24]
+    rest = [q for p, q in zip(model.parameters(), twin.parameters()) if id(p) not in hidden]
+    assert {p.ndim for p in rest} == {1, 2} and len(matrices) == 6  # (biases, gains, the embeddings)
+    muon = torch.optim.Muon(matrices, lr=0.01, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW(rest, lr=0.01, betas=betas, eps=eps, weight_decay=wd, fused=True)
+    for step in range(5):
+        for p, q, g in zip(model.parameters(), twin.parameters(), _gradients([p.shape for p in model.parameters()], step)):
+            p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        muon.step()
+        adamw.step()
+    stepped = {id(q) for q in matrices + rest}
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()) if id(q) in stepped)
+
+
+def test_d_muon_refuses_keller_jordan_s_lr_rule():
+    with pytest.raises(ValueError, match="optimizer='muon'"):
+        optim.build("dmuon", tiny_gpt(), lr=0.01, adjust_lr="original")

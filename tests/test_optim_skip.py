@@ -20,8 +20,12 @@ CASES = {
     "lamb_bias_correction": {"weight_decay": 0.1, "bias_correction": True},
     "lion": {"weight_decay": 0.1},
     "sophiag": {"weight_decay": 0.1, "batch_tokens": 64},
+    "ademamix": {"weight_decay": 0.1, "run_steps": 10},  # (its warmups over 10 steps: under way)
     "adamw": {"weight_decay": 0.1},
     "muon": {"weight_decay": 0.1},
+    "mars": {"weight_decay": 0.1},  # (MARS on the matrices, its AdamW part on the vector)
+    "adamw_schedulefree": {"weight_decay": 0.1},
+    "soap": {"weight_decay": 0.1, "precondition_frequency": 3},  # (the flagged step's t = 3: a refresh)
 }
 
 
@@ -33,9 +37,9 @@ def _params(seed: int = 0) -> list[torch.nn.Parameter]:
 def _optimizer(case: str, params, backend: str):
     options = dict(CASES[case])
     name = {"lamb_bias_correction": "lamb", "maxlamb": "merit"}.get(case, case)
-    if name in ("adamw", "muon"):
+    if name in ("adamw", "muon", "mars"):
         backend = "auto"  # torch's own kernels
-    if name == "muon":  # (which tensors are Muon's hidden matrices, as the shared builder marks them)
+    if name in ("muon", "mars"):  # (which tensors are the hidden matrices, as the shared builder marks them)
         params = [{"params": [p for p in params if p.ndim == 2], "hidden_matrix": True},
                   {"params": [p for p in params if p.ndim != 2], "hidden_matrix": False}]
     return optim.build(name, params, lr=0.01, backend=backend, **options)
@@ -65,7 +69,7 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(case, backend):
-    if case in ("adamw", "muon") and backend != "torch":
+    if case in ("adamw", "muon", "mars", "soap") and backend != "torch":
         pytest.skip(f"{case} runs torch's kernels whatever the backend")
     params, twin = _params(), _params()
     opt, plain = _optimizer(case, params, backend), _optimizer(case, twin, backend)
@@ -82,8 +86,11 @@ def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(c
     before = _snapshot(params, opt)
     _set_grads(params, 3, poison=True)
     # The C++ kernels and torch's CPU AdamW read a CPU flag on the host (it costs nothing there);
-    # LAMB's bias correction reads its step counter.
-    on_device = backend != "cpp" and case not in ("adamw", "lamb_bias_correction")
+    # LAMB's bias correction and AdEMAMix's schedules read their step counter; Schedule-Free's
+    # step count and weight sum are the host's, so it reads the flag there; so does SOAP, whose
+    # eigenbasis refresh every precondition_frequency kept steps is a host decision.
+    on_device = backend != "cpp" and case not in ("adamw", "lamb_bias_correction", "ademamix", "adamw_schedulefree",
+                                                  "soap")
     with no_host_reads() if on_device else nullcontext():
         opt.step_unless(torch.tensor(True))
     _assert_same(_snapshot(params, opt), before)

@@ -31,7 +31,9 @@ SHAPES = dict(n_layer=2, n_head=2, n_embd=6, block_size=8, vocab_size=61, dropou
 CONFIGS = [("adamw", {}), ("lamb", {}), ("lamb", {"bias_correction": True, "ratio_only_with_decay": True}),
            ("merit", {}), ("merit", {"norm": "l2"}), ("merit", {"weightwise_lower_bound": False}),
            ("merit", {"elementwise_clip": False}), ("merit", {"maxlamb": True}), ("lion", {}),
-           ("sophiag", {"hessian_interval": 3}), ("muon", {}),
+           ("sophiag", {"hessian_interval": 3}), ("muon", {}), ("dmuon", {}), ("ademamix", {}),
+           ("mars", {}), ("adamw_schedulefree", {}),
+           ("soap", {"precondition_frequency": 3}),  # (refreshes at t = 3, 6, 9 of the 10 steps)
            ("muon", {"adjust_lr": "original", "ns_dtype": "float32", "nesterov": False})]
 
 
@@ -51,21 +53,27 @@ def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
     assert [[line["optimizer"], line["options"]] for line in lines] == [list(c) for c in CONFIGS]
     for line in lines:
         label = (line["optimizer"], line["options"])
-        # Muon with a float32 Newton-Schulz under FSDP2: torch's fused AdamW kernel of its AdamW part
+        # Muon (and D-Muon) with a float32 Newton-Schulz under FSDP2: torch's fused AdamW kernel of its AdamW part
         # rounds an embedding element differently at a shard boundary (1e-9 after 3 steps, as
         # AdamW's own above), and a float32 orthogonalisation carries that on more than a bfloat16
         # one, which rounds it away (measured: 2e-6 and 3e-6 on 2 and 4 ranks; bfloat16: 0 and 5e-8).
         # ns_dtype "auto" (the default) is float32 on a CPU with neither AMX nor AVX512-BF16.
-        float32_muon = line["optimizer"] == "muon" and (NS_DTYPES[line["options"].get("ns_dtype", "auto")]
+        float32_muon = line["optimizer"] in ("muon", "dmuon") and (NS_DTYPES[line["options"].get("ns_dtype", "auto")]
                                                         or default_ns_dtype(torch.device("cpu"))) == torch.float32
         assert line["max_rel"] <= (1e-5 if float32_muon and mode == "fsdp" else 1e-6), label
         assert line["diagnostic_keys_equal"] and line["diagnostics_max_rel"] <= 1e-5, label
-        assert line["diagnostics"] > 0 or line["optimizer"] in ("adamw", "lion"), label  # (they record none)
+        assert line["diagnostics"] > 0 or line["optimizer"] in ("adamw", "lion", "ademamix", "adamw_schedulefree"), \
+            label  # (they record none)
         # The optimizer state per rank: exactly the state one process keeps of the elements it holds
         # (nothing replicated but the 0-d step counters), the shares adding up to the whole.
         shares = line["shares"]
-        assert line["state"] == line["expected_state"], label
-        assert sum(line["state"]) == line["replicated_state"], label
+        if line["optimizer"] == "soap" and mode == "fsdp":
+            # But SOAP's under FSDP2: one process's whole state on every rank, which computes every whole
+            # update and applies its rows (optim/soap.py).
+            assert line["state"] == [line["replicated_state"]] * nproc, label
+        else:
+            assert line["state"] == line["expected_state"], label
+            assert sum(line["state"]) == line["replicated_state"], label
         assert sum(shares) == pytest.approx(1.0) and max(shares) <= line["max_share"], label
     # ZeRO's greedy partition gives each parameter to the least-loaded rank, which holds at most the
     # mean: no rank exceeds 1/world by more than the largest parameter (the embedding here).
@@ -135,7 +143,8 @@ def build(name, options, ctx, mode):
         Layout("fsdp", ctx).shard(model, torch.float32)
         weight = float(ctx.world_size) if ctx.is_main else 0.0
     hyper = {"lr": 3e-3, "weight_decay": 0.1}
-    optimizer = optim.build(name, model, **hyper, **options, batch_tokens=32, zero_redundancy=mode == "zero1")
+    optimizer = optim.build(name, model, **hyper, **options, batch_tokens=32, run_steps=STEPS,
+                            zero_redundancy=mode == "zero1")
     return model, optimizer, weight
 
 
@@ -156,6 +165,8 @@ def exact(ctx, mode):
         reference, reference_opt, _ = build(name, options, ctx, "single")
         diagnostics = train(Loop(model, optimizer, weight), 0, STEPS)
         expected = train(Loop(reference, reference_opt, 1.0), 0, STEPS)
+        for opt in (optimizer, reference_opt):  # the evaluated point (Schedule-Free's x; the weights for the rest)
+            opt.eval()
         counters = lambda opt: sum(t.nbytes for s in getattr(opt, "optim", opt).state.values()  # noqa: E731
                                    for t in s.values() if t.ndim == 0)
         state = torch.tensor([optimizer_state_bytes(optimizer) - counters(optimizer)])
