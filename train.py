@@ -77,7 +77,8 @@ class Trainer:
         self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = run.build_optimizer(
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
-            batch_tokens=schedule.tokens_per_step(0), zero_redundancy=self.layout.zero_redundancy)
+            batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],
+            zero_redundancy=self.layout.zero_redundancy)
         self.plan_batches(schedule)  # (the run's length; the first step's accumulation and decays)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
@@ -175,6 +176,9 @@ class Trainer:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
         no host sync; nonfinite="skip" drops a non-finite update on the device, "stop" raises later)."""
         self.enter_phase(self.step)
+        # The weights back where gradients are taken, if an evaluation moved them: with this phase's
+        # decays, as a run resumed with them by hand does (Schedule-Free's y from x and z by beta1).
+        self.optimizer.train()
         lr = self.lr_schedule(self.state.tokens, self.schedule.tokens_per_step(self.step),
                               scale=SCALINGS[self.config.batch_lr_scaling](self.schedule.ratio(self.step)))
         for group in self.optimizer.param_groups:
@@ -257,6 +261,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     # --- metrics ---
+    def evaluated_model(self) -> GPT:
+        """The model at the weights it is evaluated at (validation, the probe, samples, zero-shot,
+        checkpoints): where ``optimizer.eval()`` puts them (Schedule-Free AdamW: its average x; the
+        weights trained for every other optimizer) until the next step's ``optimizer.train()``.
+        Every rank calls it, in step (ZeRO-1 broadcasts each parameter from the rank that moved it)."""
+        self.optimizer.eval()
+        return self.model
+
     def evaluate(self, step: Step) -> None:
         """The parts' evaluations due at ``step``, logged; one a stop interrupts stays pending in the
         run's state (saved with it), and the run runs it first when it resumes."""
@@ -273,6 +285,10 @@ class Trainer:
 
     # --- checkpoints ---
     def save_checkpoint(self):
+        # The checkpoint's model is the evaluated one (Schedule-Free: x, with z in the optimizer state):
+        # what export, eval and the Hessian tool read; a resumed run's first step moves it back, as
+        # this run's next step does, to the same floats.
+        self.evaluated_model()
         self.check_finite()
         self.run_lock.check()  # (a run whose folder was taken over writes nothing more)
         self.layout.save(self.state, self.run_dir, self.config.keep_checkpoints,

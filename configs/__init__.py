@@ -121,7 +121,8 @@ class TrainConfig:
     max_tokens: int = role("experiment", 0)  # ... or in training tokens (the whole steps that fit in it)
     warmup_steps: int = role("experiment", 0)  # linear warmup from 0 to lr, in steps
     warmup_tokens: int = role("experiment", 0)  # ... or in tokens (the whole steps that fit in it)
-    # "cosine" (warmup, cosine to min_lr) or "wsd" (warmup, stable, decay)
+    # "cosine" (warmup, cosine to min_lr), "wsd" (warmup, stable, decay) or "constant" (warmup, then lr
+    # held: for Schedule-Free AdamW, which refuses the others; min_lr unused)
     lr_schedule: str = role("experiment", "cosine")
     decay_fraction: float = role("experiment", 0.2)  # wsd: the last fraction of training decays linearly to min_lr
     lr: float = role("lr", 2e-4)  # the peak learning rate
@@ -129,7 +130,8 @@ class TrainConfig:
 
     # --- optimizer: a hyper-parameter left None (here and in optimizer_options) gets the optimizer's
     # published GPT-2 value (optim/published.py), else its own default; filled in at start-up ---
-    # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon"
+    # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon", and the 2025 benchmark's
+    # "dmuon", "ademamix", "mars", "soap", "adamw_schedulefree"
     optimizer: str = role("experiment", "merit")
     weight_decay: float | None = role("optimizer", None)  # decoupled weight decay of the matrices
     beta1: float | None = role("optimizer", None)  # the first moment's decay (Lion, Muon: their momenta)
@@ -222,7 +224,8 @@ class TrainConfig:
                f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")
         _check(not (self.warmup_steps and self.warmup_tokens),
                "set at most one of warmup_steps and warmup_tokens")
-        _check(self.lr_schedule in ("cosine", "wsd"), f"lr_schedule={self.lr_schedule!r}: use 'cosine' or 'wsd'")
+        _check(self.lr_schedule in ("cosine", "wsd", "constant"),
+               f"lr_schedule={self.lr_schedule!r}: use 'cosine', 'wsd' or 'constant'")
         _check(self.wandb_mode in ("online", "offline", "disabled"),
                f"wandb_mode={self.wandb_mode!r}: use 'online', 'offline' or 'disabled'")
         _check(self.nonfinite in ("stop", "skip"), f"nonfinite={self.nonfinite!r}: use 'stop' (exit at the first "

@@ -1,11 +1,12 @@
 """Zero-shot evaluation as a part of a training run (training/parts.py): the configured
-``zero_shot_tasks`` on the current weights every ``zero_shot_interval`` steps and at the end,
-each rank scoring its share of the examples, logged as ``zero_shot/<task>/<metric>``. The tasks and
-their data are checked (and fetched) when the run is built, before anything trains. A task the
-model cannot score (a continuation longer than its window) is skipped with a warning: the run and
-the other tasks' results go on. A stop (SIGTERM, Ctrl-C) is heeded between tasks: the run saves
-with the evaluation pending and runs it first when it resumes. It lives in eval/ because it is
-the evaluator's: nothing in training/ imports eval/, and train.py adds it to the run's parts."""
+``zero_shot_tasks`` on the evaluated weights (``run.evaluated_model()``) every ``zero_shot_interval``
+steps and at the end, each rank scoring its share of the examples, logged as
+``zero_shot/<task>/<metric>``. The tasks and their data are checked (and fetched) when the run is
+built, before anything trains. A task the model cannot score (a continuation longer than its
+window) is skipped with a warning: the run and the other tasks' results go on. A stop (SIGTERM,
+Ctrl-C) is heeded between tasks: the run saves with the evaluation pending and runs it first when
+it resumes. It lives in eval/ because it is the evaluator's: nothing in training/ imports eval/,
+and train.py adds it to the run's parts."""
 from __future__ import annotations
 
 import warnings
@@ -34,7 +35,7 @@ class ZeroShot(Part):
         interval = config.zero_shot_interval
         if not (step.final or step.number and interval and step.number % interval == 0):
             return {}
-        scorer = Scorer(run.layout.plain_model(run.model, on_every_rank=True), run.tokenizer,
+        scorer = Scorer(run.layout.plain_model(run.evaluated_model(), on_every_rank=True), run.tokenizer,
                         batch_size=config.micro_batch_size, device=run.device, show_progress=False)
         record = {}
         for task in tasks_named(config.zero_shot_tasks):

@@ -46,7 +46,7 @@ CASES = {
     "unknown backend": (["--optim_backend=gpu"], r"optim_backend='gpu': use one of 'auto', 'torch', 'cpp'"),
     "wandb mode": (["--wandb_mode=on"], r"wandb_mode='on': use 'online', 'offline' or 'disabled'"),
     "dtype": (["--dtype=fp8"], r"dtype='fp8': use 'auto', 'float32', 'bfloat16' or 'float16'"),
-    "schedule": (["--lr_schedule=linear"], r"lr_schedule='linear': use 'cosine' or 'wsd'"),
+    "schedule": (["--lr_schedule=linear"], r"lr_schedule='linear': use 'cosine', 'wsd' or 'constant'"),
     "unknown key": (["--learning_rate=0.1"], r"unknown config key 'learning_rate' in the command line"),
     "wrong type": (["--batch_size=2.5"], r"config key 'batch_size' in the command line must be int, got float"),
     "resume and overwrite": (["--resume", "--overwrite", "--run_name=good"], r"resume and overwrite exclude each "

@@ -147,16 +147,25 @@ def base_args(data, out, name, optimizer, *extra):
 
 
 HALF_LIFE = {"sophiag": "beta1,beta2", "muon": "beta2,momentum"}  # (Muon: its AdamW's beta2, its momentum)
-OPTIONS = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"]}  # a Hessian pass at the boundary
+OPTIONS = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"],  # a Hessian pass at the boundary
+           # (AdEMAMix's warmups in steps: "over the run" is another length in the by-hand run's first half.)
+           "ademamix": ["--optimizer_options={'alpha_warmup': 6, 'beta3_warmup': 6}"],
+           "soap": ["--optimizer_options={'precondition_frequency': 3}"],  # refreshes before and after
+           "adamw_schedulefree": ["--lr_schedule=constant"]}
 
 
 def by_hand_changes(first_half_config: dict, scaled: str) -> list[str]:
-    """The second half's overrides: the new batch, the lr by sqrt, the decays by their half-life."""
+    """The second half's overrides: the new batch, the lr by sqrt (an AdamW part's own lr too), the
+    decays by their half-life."""
     config = TrainConfig(**first_half_config)
     factor = math.sqrt(RAMP)
     changes = half_life_betas(config, RAMP, tuple(scaled.split(",")))
     overrides = ["--batch_size=8", f"--lr={config.lr * factor!r}", f"--min_lr={config.min_lr * factor!r}",
                  *(f"--{key}={value!r}" for key, value in changes.items())]
+    if config.optimizer_options.get("adamw_lr") is not None:  # (MARS's: a ratio of lr the schedule keeps)
+        options = {**config.optimizer_options, "adamw_lr": config.optimizer_options["adamw_lr"] * factor}
+        overrides.append(f"--optimizer_options={options!r}")
+        changes = {**changes, "optimizer_options": options}
     return [*overrides, f"--allow_changes=batch_size,lr,min_lr,{','.join(changes)}"]
 
 
@@ -187,7 +196,8 @@ def scheduled_and_by_hand(train, data, out, optimizer, *extra):
     return out / "scheduled", out / "by_hand"
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "lamb", "merit", "lion", "sophiag", "muon"])
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb", "merit", "lion", "sophiag", "muon", "dmuon", "ademamix", "mars",
+                                       "soap", "adamw_schedulefree"])
 def test_a_scheduled_run_is_the_run_changed_by_hand_at_the_boundary(byte_shards, tmp_path, optimizer):
     scheduled, by_hand = scheduled_and_by_hand(train_here, byte_shards, tmp_path, optimizer)
     records = series(scheduled)

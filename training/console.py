@@ -32,7 +32,8 @@ class Console(Part):
             f"run folder {run.run_dir}: config.json, metrics.jsonl, checkpoints",
             f"model {c.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
             f"vocab {m.vocab_size}, {run.model.num_params() / 1e6:.2f}M parameters",
-            f"optimizer {c.optimizer} lr {c.lr} -> {c.min_lr} ({c.lr_schedule}, warmup {run.warmup_steps}); "
+            f"optimizer {c.optimizer} lr {c.lr}{'' if c.lr_schedule == 'constant' else f' -> {c.min_lr}'} "
+            f"({c.lr_schedule}, warmup {run.warmup_steps}); "
             f"global batch {run.schedule.phase(run.step).batch} x {m.block_size} tokens = micro {c.micro_batch_size} x "
             f"{run.ctx.world_size} ranks x {run.grad_accum} accumulation; {run.total_steps} steps "
             f"on {run.device} ({run.layout.strategy})",
@@ -63,7 +64,7 @@ class Console(Part):
     def finish(self) -> None:
         """The final numbers and a sample (every rank: FSDP2 gathers the model for the sample)."""
         run = self.run
-        sampler = run.layout.plain_model(run.model) if run.config.sample_tokens else None
+        sampler = run.layout.plain_model(run.evaluated_model()) if run.config.sample_tokens else None
         self.progress.close()
         if not run.ctx.is_main:
             return

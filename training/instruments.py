@@ -159,8 +159,8 @@ class OptimizerInstruments(Part):
 
 
 class Probe(Part):
-    """``probe_record`` at log steps, on a fixed batch: the first ``probe_batch_size`` sequences
-    of the validation split."""
+    """``probe_record`` of the evaluated model (``run.evaluated_model()``) at log steps, on a fixed
+    batch: the first ``probe_batch_size`` sequences of the validation split."""
 
     def __init__(self, run, batch: Tensor):
         self.run, self.batch = run, batch
@@ -179,7 +179,7 @@ class Probe(Part):
         return cls(run, loader.next_batch()[0])
 
     def measure(self, step: Step) -> dict[str, float]:
-        model = self.run.layout.plain_model(self.run.model)  # (FSDP2: gathered, a collective)
+        model = self.run.layout.plain_model(self.run.evaluated_model())  # (FSDP2: gathered, a collective)
         if not self.run.ctx.is_main:
             return {}
         with self.run.autocast:

@@ -171,8 +171,10 @@ class Layout:
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
                              f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
         # The optimizer's state is the checkpoint's, its hyper-parameters this run's: the same values
-        # but where the config changed one on resume (allow_changes), which so applies.
-        settings = [{key: value for key, value in group.items() if key != "params"}
+        # but where the config changed one on resume (allow_changes), which so applies. (Group keys
+        # that are state, GROUP_STATE, such as Schedule-Free's step count, stay the checkpoint's.)
+        settings = [{key: value for key, value in group.items()
+                     if key != "params" and key not in state.optimizer.GROUP_STATE}
                     for group in state.optimizer.param_groups]
         _load_tensors(checkpoint, path, state.model, state.optimizer)
         for group, own in zip(state.optimizer.param_groups, settings, strict=True):

@@ -9,8 +9,10 @@ A part is built by its class's ``build(run)`` from the run (train.py's ``Trainer
 ``config``, ``model``, ``optimizer``, ``layout``, ``ctx``, ``device``, ``autocast`` ...), after
 the model and optimizer and before anything is written; it returns None where the config does not
 ask for it, and raises a ValueError naming the key where the config asks for something
-impossible. The loop then calls every part, in the list's order, at these moments (each is
-optional: the base class's do nothing):
+impossible. A part that reads the weights as the model's (an evaluation) takes the model from
+``run.evaluated_model()``, which puts them where the optimizer evaluates (Schedule-Free's x).
+The loop then calls every part, in the list's order, at these moments (each is optional: the
+base class's do nothing):
 
 =========================  =================================================================
 ``start()``                the loop begins (after a resume), the run folder prepared

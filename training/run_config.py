@@ -2,12 +2,13 @@
 
 The schema (configs/__init__.py) checks what a config says by itself. What it cannot check
 alone is checked here, before a run writes anything: the optimizer's name and options against
-the registry, the optimizer backend, and the device against the machine. (The zero-shot tasks
-are the evaluator's, which nothing in training/ imports: train.py checks them at start-up.) Then
-every hyper-parameter of the optimizer is resolved once, with its source (``optim.Settings``):
-"set" by the config, its "published" GPT-2 value (optim/published.py) or its constructor's
-"default"; the run builds its optimizer from them. The resolved config is what the run trains
-with and records (config.json, every checkpoint, wandb); resolving a recorded config gives it back.
+the registry, the lr schedule against the optimizer (Schedule-Free AdamW takes no decay), the
+optimizer backend, and the device against the machine. (The zero-shot tasks are the evaluator's,
+which nothing in training/ imports: train.py checks them at start-up.) Then every hyper-parameter
+of the optimizer is resolved once, with its source (``optim.Settings``): "set" by the config, its
+"published" GPT-2 value (optim/published.py) or its constructor's "default"; the run builds its
+optimizer from them. The resolved config is what the run trains with and records (config.json,
+every checkpoint, wandb); resolving a recorded config gives it back.
 """
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ def resolve_config(config: TrainConfig) -> RunConfig:
         check_setting(config.optim_backend)
     except ValueError as error:
         raise ConfigError(str(error)) from error
+    if optim.schedule_free(config.optimizer) and config.lr_schedule != "constant":
+        raise ConfigError(f"optimizer={config.optimizer!r} averages its iterates instead of decaying the lr, so it "
+                          f"takes no decaying lr_schedule ({config.lr_schedule!r}): set lr_schedule='constant' "
+                          f"(the warmup, then lr held)")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda', but this torch sees no CUDA device: use device='auto' or 'cpu', or "
                           "install a CUDA build of torch")

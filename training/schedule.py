@@ -1,4 +1,5 @@
-"""Learning-rate schedules: linear warmup, then cosine decay or warmup-stable-decay (WSD), in tokens.
+"""Learning-rate schedules: linear warmup, then cosine decay, warmup-stable-decay (WSD) or the peak
+held ("constant", for an optimizer that averages instead of decaying: Schedule-Free AdamW), in tokens.
 
 A schedule runs in training tokens, so that a batch schedule (training/batch_schedule.py) does not
 stretch it. Its landmarks are step boundaries of the run: the warmup ends after the run's warmup
@@ -19,7 +20,7 @@ class LrSchedule:
     decay_start: int  # WSD: the tokens before the decay steps
     lr: float  # the peak
     min_lr: float  # where it decays to
-    kind: str = "cosine"  # "cosine" or "wsd"
+    kind: str = "cosine"  # "cosine", "wsd" or "constant"
 
     def __call__(self, tokens: int, step_tokens: int, scale: float = 1.0) -> float:
         """The lr of the optimizer step over the tokens [tokens, tokens + step_tokens), with lr and
@@ -27,6 +28,8 @@ class LrSchedule:
         lr, min_lr = self.lr * scale, self.min_lr * scale
         if tokens < self.warmup:  # lr x (step + 1) / warmup steps, in this step's units (the same float)
             return lr * ((tokens + step_tokens) / step_tokens) / (self.warmup / step_tokens)
+        if self.kind == "constant":
+            return lr
         if self.kind == "cosine":
             progress = (tokens - self.warmup) / max(1, self.total - self.warmup)
             return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))

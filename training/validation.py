@@ -46,13 +46,14 @@ class Validation(Part):
     def mean_loss(self, steps: int) -> float:
         """The mean loss of the model over the val loader's next ``steps`` global micro-batches."""
         run = self.run
-        run.model.eval()
+        model = run.evaluated_model()  # (Schedule-Free AdamW: at its average x)
+        model.eval()
         total = torch.zeros((), device=run.device)
         for _ in range(steps):
             x, y = (t.to(run.device) for t in self.loader.next_batch())
             with run.autocast:
-                total += run.model(x, y)[1].float()
-        run.model.train()
+                total += model(x, y)[1].float()
+        model.train()
         return distributed.all_reduce_mean(total / steps, run.ctx).item()
 
     def close(self) -> None:
