@@ -3,8 +3,9 @@
     python -m scripts.paper_configs           # (re)write configs/paper/*.py
     python -m scripts.paper_configs --check   # exit 1 if a file differs from what this writes
 
-Points: GPT-2 Small / Medium / Large on OpenWebText x AdamW, LAMB, MERIT, Lion, Sophia-G x the
-paper's global batches (480, 1k, 2k, 4k, 6k, 8k sequences of 1024 tokens); MERIT's four
+Points: GPT-2 Small / Medium / Large on OpenWebText x AdamW, LAMB, MERIT, Lion, Sophia-G and the
+2025 optimizer benchmark's AdEMAMix, MARS, SOAP, Schedule-Free AdamW and D-Muon x the paper's
+global batches (480, 1k, 2k, 4k, 6k, 8k sequences of 1024 tokens); MERIT's four
 ablations (maxLAMB, l2 norms, no element-wise clip, no weight-wise lower bound) at GPT-2 Small
 batch 1k; the QK-Norm baseline (AdamW, LayerNorm on each head's q and k) for GPT-2 Small at
 every batch; Muon and MuonClip (Muon with QK-Clip at tau 100, Kimi K2's) at every size and batch;
@@ -38,10 +39,17 @@ chose, it says so):
   AdamW 6e-4 / 3e-4 / 2e-4 and Sophia-G 6e-4 / 7e-4 / 3e-4 (Sophia's config/train_gpt2_*.py),
   Lion 1e-4 / 1e-4 / 8e-5 (the Lion authors' GPT-2 guidance), MERIT and LAMB 2e-4 at every size
   (the MERIT authors' default; the paper gives no per-size value), Muon AdamW's (its published
-  recipe, Moonlight's lr rule "match_rms_adamw", is made to reuse AdamW's lr).
+  recipe, Moonlight's lr rule "match_rms_adamw", is made to reuse AdamW's lr). The 2025
+  benchmark's five take its scripts' lr, the same at 124M, 210M and 720M (scripts/{124m,210m,
+  720m}/*.sh of epfml/llm-optimizer-benchmark): 1e-3, MARS 3e-3 on its matrices (its AdamW part's
+  1e-3 is its published ``adamw_lr``), tuned at the benchmark's batch of 256 x 512 tokens (a
+  quarter of batch 480's tokens); at GPT-2 Large, SOAP's betas (0.95, 0.95) and D-Muon's (0.9,
+  0.99), its 720M scripts' (elsewhere the published, its 124M ones).
 * min_lr: the source's where it has one: AdamW 3e-5 / 6e-5 / 1e-5 (Muon the same), Sophia-G 1.5e-5
   / 1e-5 / 1e-5 (Sophia's configs: 1/40, 1/70 and 1/30 of the peak); for Lion, LAMB and MERIT,
-  which publish none, this project's lr / 10.
+  which publish none, this project's lr / 10; for the 2025 benchmark's five, its lr / 100 (its
+  cosine's end, and its finding: decay to 0.01x the peak or lower). Schedule-Free AdamW has no
+  schedule (``lr_schedule = "constant"``: the warmup, then the peak).
 * every other optimizer hyper-parameter is left unset: the optimizer's published GPT-2 value
   applies (optim/published.py), except Sophia-G's rho 0.08 for GPT-2 Medium (its config).
   Weight decay falls on matrices only, as in the nanoGPT and Sophia scripts; the MERIT authors'
@@ -84,8 +92,17 @@ LR = {  # optimizer: peak lr for small, medium, large
     "lion": (1e-4, 1e-4, 8e-5),
     "sophiag": (6e-4, 7e-4, 3e-4),
     "muon": (6e-4, 3e-4, 2e-4),
+    "ademamix": (1e-3, 1e-3, 1e-3),
+    "mars": (3e-3, 3e-3, 3e-3),
+    "soap": (1e-3, 1e-3, 1e-3),
+    "adamw_schedulefree": (1e-3, 1e-3, 1e-3),
+    "dmuon": (1e-3, 1e-3, 1e-3),
 }
 MIN_LR = {"adamw": (3e-5, 6e-5, 1e-5), "muon": (3e-5, 6e-5, 1e-5), "sophiag": (1.5e-5, 1e-5, 1e-5)}
+BENCHMARK = ("ademamix", "mars", "soap", "adamw_schedulefree", "dmuon")  # the 2025 benchmark's optimizers
+BENCHMARK_FINAL_LR = 100  # its cosine ends at the peak / 100
+BENCHMARK_LARGE_BETAS = {"soap": (0.95, 0.95), "dmuon": (0.9, 0.99)}  # its 720M scripts'
+CONSTANT_LR = ("adamw_schedulefree",)  # no schedule: it averages its iterates instead
 QK_CLIP_TAU = 100.0  # Kimi K2's
 SOPHIA_RHO = {"medium": 0.08}  # elsewhere the published default, 0.05
 ABLATIONS = {  # name: MERIT options, at GPT-2 Small batch 1k
@@ -115,10 +132,13 @@ def points() -> dict[str, dict]:
         i = list(MODELS).index(size)
         for optimizer, lrs in LR.items():
             for label, batch in BATCHES.items():
+                final_div = BENCHMARK_FINAL_LR if optimizer in BENCHMARK else 10
                 point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch,
                          "tokens": int(TOKENS_PER_PARAMETER * params), "micro": None if batch == 480 else micro,
-                         "lr": lrs[i], "min_lr": MIN_LR[optimizer][i] if optimizer in MIN_LR else lrs[i] / 10,
+                         "lr": lrs[i], "min_lr": MIN_LR[optimizer][i] if optimizer in MIN_LR else lrs[i] / final_div,
                          "options": {}}
+                if size == "large" and optimizer in BENCHMARK_LARGE_BETAS:
+                    point["betas"] = BENCHMARK_LARGE_BETAS[optimizer]
                 if optimizer == "sophiag" and size in SOPHIA_RHO:
                     point["options"] = {"rho": SOPHIA_RHO[size]}
                 out[f"gpt2_{size}_{optimizer}_b{label}"] = point
@@ -180,8 +200,15 @@ def render(stem: str, point: dict) -> str:
               f"max_tokens = {tokens:_}  # {budget}",
               f"warmup_steps = {warmup_steps(tokens, point['batch']):_}  # {WARMUP_FRACTION:.0%} of the steps, "
               f"at least {WARMUP_FLOOR} (a sweep axis: --grid warmup_steps=...)",
-              f"lr = {point['lr']:g}  # published for batch 480; the paper grid-searches it per batch",
-              f"min_lr = {point['min_lr']:g}"]
+              f"lr = {point['lr']:g}  # " + ("the 2025 benchmark's (at its batch of 256 x 512 tokens); grid-search "
+                                             "it per batch" if point["optimizer"] in BENCHMARK else
+                                             "published for batch 480; the paper grid-searches it per batch")]
+    if point["optimizer"] in CONSTANT_LR:
+        lines.append('lr_schedule = "constant"  # Schedule-Free averages its iterates instead of decaying the lr')
+    else:
+        lines.append(f"min_lr = {point['min_lr']:g}")
+    if "betas" in point:
+        lines += [f"beta1 = {point['betas'][0]:g}  # the 2025 benchmark's 720M setting", f"beta2 = {point['betas'][1]:g}"]
     if point["options"]:
         lines.append(f"optimizer_options = {point['options']!r}")
     if "qk_norm" in point:

@@ -1,0 +1,13 @@
+# The MERIT paper's study: GPT-2 Large, ademamix, global batch 1024 x 1024 tokens.
+# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.
+from configs.gpt2_large_owt import *  # noqa: F401,F403 - the model, data and run defaults
+
+run_name = "gpt2_large_ademamix_b1k"
+optimizer = "ademamix"
+batch_size = 1024
+micro_batch_size = 4  # x 8 GPUs divides batch_size
+max_steps = 0
+max_tokens = 15_480_000_000  # 20 tokens per parameter
+warmup_steps = 295  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_steps=...)
+lr = 0.001  # the 2025 benchmark's (at its batch of 256 x 512 tokens); grid-search it per batch
+min_lr = 1e-05
