@@ -4,14 +4,15 @@
     python -m scripts.check_cuda --device cpu --quick   # the same code on the CPU: Triton's
                                                         # interpreter, small shapes (a test runs this)
 
-1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion and Sophia-G take 20 steps (4 with --quick) on
-   their Triton kernels (optim_backend "triton") and, from the same start, on the torch reference
-   ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and bf16. Every other step goes
-   through ``step_unless`` with a zero found_inf flag on the device (nonfinite="skip"'s path; LAMB's
-   bias_correction aside, which reads its step counter). On CUDA the Triton steps run under
+1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion, Sophia-G, AdEMAMix and Schedule-Free
+   AdamW take 20 steps (4 with --quick) on their Triton kernels (optim_backend "triton") and, from the same
+   start, on the torch reference ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and
+   bf16. Every other step goes through ``step_unless`` with a zero found_inf flag on the device
+   (nonfinite="skip"'s path; but for LAMB's bias_correction and AdEMAMix, which read their step counters,
+   and Schedule-Free, which reads the flag, on the host). On CUDA the Triton steps run under
    torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
 2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
-   Small shapes, fp32 and bf16.
+   Small shapes, fp32 and bf16, for the paper's optimizers and the 2025 benchmark's.
 3. model: training steps (forward, backward, MERIT step) under bf16 autocast, with SDPA's flash
    kernel on CUDA, eager and torch.compile'd (CUDA): their losses agree; ms/step, tokens/s, MFU.
 4. training (CUDA only): scripts/bench_train.py on GPT-2 Small (block 1024, batch 16) in bf16,
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from optim import LAMB, MERIT, Lion, SophiaG
+from optim import LAMB, MERIT, AdEMAMix, AdamWScheduleFree, Lion, SophiaG
 from training.metrics import peak_bf16_flops
 
 # Each maker takes (params, backend).
@@ -48,7 +49,11 @@ OPTIMIZERS = {
     "lion": lambda ps, b: Lion(ps, lr=1e-3, weight_decay=0.1, backend=b),
     "sophiag": lambda ps, b: SophiaG(ps, lr=1e-3, weight_decay=0.1, batch_tokens=4096, hessian_interval=2,
                                      backend=b),
+    "ademamix": lambda ps, b: AdEMAMix(ps, lr=1e-3, weight_decay=0.1, alpha=8.0, beta3=0.999, alpha_warmup=8,
+                                       beta3_warmup=8, backend=b),
+    "adamw schedulefree": lambda ps, b: AdamWScheduleFree(ps, lr=1e-3, weight_decay=0.1, backend=b),
 }
+HOST_READS = ("lamb bias correction", "ademamix", "adamw schedulefree")  # (a step counter or the flag: not flagged)
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs the torch reference
 failures = []
 results = {}  # every measured number, written to --json
@@ -96,7 +101,7 @@ def check_optimizers(device: torch.device, quick: bool) -> None:
     shapes = [(40, 300), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
     steps = 4 if quick else 20
     for name, make in OPTIMIZERS.items():
-        flagged = name != "lamb bias correction"
+        flagged = name not in HOST_READS
         reference = run_optimizer(make, "torch", shapes, torch.device("cpu"), torch.float64, steps, flagged=False)
         for dtype in (torch.float32, torch.bfloat16):
             label = f"optimizer {name} {str(dtype).removeprefix('torch.')}"
@@ -118,10 +123,11 @@ def check_speed(device: torch.device) -> None:
     from scripts import bench_optim
 
     for dtype in (torch.float32, torch.bfloat16):
-        for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon"):
+        for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon", "dmuon", "ademamix", "mars", "soap",
+                     "adamw_schedulefree"):
             ms, base, ratio, newton_schulz_ms = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
             share = f", Newton-Schulz {newton_schulz_ms:.2f} ms" if newton_schulz_ms is not None else ""
-            print(f"      speed {name:<8} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
+            print(f"      speed {name:<18} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
                   f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}{share}", flush=True)
             results[f"optimizer step {name} {str(dtype).removeprefix('torch.')}"] = {
                 "ms": ms, "fused_adamw_ms": base, "ratio": ratio, "newton_schulz_ms": newton_schulz_ms}
