@@ -1,9 +1,10 @@
 """The MERIT paper's question on a CPU: what happens to each optimizer as the global batch grows at a
 fixed token budget, below and above the model's critical batch.
 
-    python -m scripts.mini_study                          # the study: about 50 minutes on 2 cores
+    python -m scripts.mini_study                          # the study: about 31 minutes on 2 cores
     python -m scripts.mini_study --archive docs/mini_study/runs.tar.xz   # and pack what it read
     python -m scripts.mini_study --batches 16,256 --optimizers adamw,merit --seeds 2   # a smaller one
+    python -m scripts.mini_study --preset benchmark --archive docs/mini_study/benchmark.tar.xz
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -16,6 +17,13 @@ with QK-Clip (``EXTRAS``). Two stages, each point's lr found before its seeds ar
    the grid grows by one lr beyond that edge (at most ``--extend`` times), so the best lies inside
    it or the report says it does not;
 2. the seeds: seeds 1 .. ``--seeds`` - 1 (init and data order both) at each point's best lr.
+
+``--preset benchmark``: the same axis for the 2025 optimizer benchmark's optimizers (Semenov et al.,
+``BENCHMARK``: AdEMAMix, MARS, SOAP, Schedule-Free AdamW, D-Muon), written to its own folder
+(default runs/mini_study_benchmark), where the records of AdamW, MERIT and Muon are unpacked from
+the paper preset's committed archive (``BESIDE``), so that its report, figures and archive place the
+five against them. Its grid centres are not a pilot's: each is the lr its nearest relative selected
+here (AdamW's for the Adam family, Muon's for D-Muon), and the grid grows where that was wrong.
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -65,6 +74,20 @@ EXTRAS = {  # run at the largest batch only
     "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": QK_CLIP_TAU}, 3e-3, 0.0),
 }
 LR_FACTOR = 3.0
+BENCHMARK = {  # the 2025 benchmark's optimizers, their published settings (optim/published.py)
+    "ademamix": ({"optimizer": "ademamix"}, 3e-3, 0.0),
+    # MARS's lr on its matrices 3x its AdamW part's, which is AdamW's selected lr here, as in the benchmark.
+    "mars": ({"optimizer": "mars", "optimizer_options": {"adamw_lr": 3e-3}}, 1e-2, 0.0),
+    "soap": ({"optimizer": "soap"}, 3e-3, 0.0),
+    "adamw_schedulefree": ({"optimizer": "adamw_schedulefree", "lr_schedule": "constant"}, 3e-3, 0.0),
+    "dmuon": ({"optimizer": "dmuon"}, 2e-2, 0.5),
+}
+ARCHIVE = ROOT / "docs/mini_study/runs.tar.xz"  # the paper preset's committed records
+BESIDE = ("adamw", "merit", "muon")  # what the benchmark preset is placed against, from ARCHIVE
+PRESETS = {  # name: (its optimizers, those at the largest batch only, the default out, the paper's runs beside)
+    "paper": (OPTIMIZERS, EXTRAS, Path("runs/mini_study"), ()),
+    "benchmark": (BENCHMARK, {}, Path("runs/mini_study_benchmark"), BESIDE),
+}
 
 
 def schedule(batch: int, tokens: int, block: int) -> dict:
@@ -119,12 +142,23 @@ def run(points: list[sweep.Point], jobs: int) -> None:
         sweep.launch_local(points, nproc=1, jobs=jobs)
 
 
+def unpack_beside(out: Path, optimizers: tuple[str, ...]) -> None:
+    """The paper preset's committed records (``ARCHIVE``) of ``optimizers``, under ``out`` where
+    that study wrote them."""
+    with tarfile.open(ARCHIVE, "r:xz") as tar:
+        tar.extractall(out, members=[m for m in tar.getmembers() if m.name.split("/", 1)[0] in optimizers],
+                       filter="data")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/mini_study"))
-    parser.add_argument("--optimizers", default=",".join([*OPTIMIZERS, *EXTRAS]),
-                        help=f"comma-separated, of: {', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the "
-                             f"largest batch only)")
+    parser.add_argument("--preset", choices=PRESETS, default="paper",
+                        help="paper: AdamW, LAMB, MERIT, Muon (and two at the largest batch only); benchmark: the "
+                             "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon")
+    parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark")
+    parser.add_argument("--optimizers", help=f"comma-separated (default: the preset's), of: "
+                                             f"{', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the largest "
+                                             f"batch only) or {', '.join(BENCHMARK)}")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="global batches (sequences)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds at each point's best lr")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
@@ -135,18 +169,20 @@ def main(argv=None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a change to the base config (e.g. n_layer=2)")
     args = parser.parse_args(argv)
-    known = {**OPTIMIZERS, **EXTRAS}
-    names = args.optimizers.split(",")
+    every_batch, largest_batch, default_out, beside = PRESETS[args.preset]
+    known = {**every_batch, **largest_batch}
+    names = args.optimizers.split(",") if args.optimizers else list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
-        sys.exit(f"mini_study: unknown optimizers {unknown}: choose from {', '.join(known)}")
+        sys.exit(f"mini_study: optimizers {unknown} are not the {args.preset} preset's: choose from "
+                 f"{', '.join(known)}, or another --preset")
     batches = sorted(int(b) for b in args.batches.split(","))
     start = time.perf_counter()
     if args.data_dir == DATA and not (ROOT / DATA / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "data.prepare", "shakespeare", "--tokenizer", "byte"], cwd=ROOT,
                        check=True)
     data_dir = args.data_dir if args.data_dir == DATA else str(Path(args.data_dir).resolve())
-    out = args.out.resolve()
+    out = (args.out or default_out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = out / "base.py"
     base.write_text("# The mini-study's base config (scripts/mini_study.py writes it).\n"
@@ -154,7 +190,7 @@ def main(argv=None) -> None:
     overrides = [f"--{item}" for item in args.set]
     block = int(dict(item.split("=", 1) for item in args.set).get("block_size", BLOCK))
     studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block)
-               for name in names for batch in batches if name in OPTIMIZERS or batch == batches[-1]]
+               for name in names for batch in batches if name in every_batch or batch == batches[-1]]
 
     print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
     run([p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])], args.jobs)
@@ -175,6 +211,7 @@ def main(argv=None) -> None:
     print(f"mini-study stage 2: seeds {seeds} at each point's best lr")
     run([p for s, selection in chosen if selection and seeds for p in s.add([selection.lr], seeds)], args.jobs)
 
+    unpack_beside(out, beside)
     runs = [r for r in find_runs([out]) if r.final("val/loss") is not None]
     tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss")
     with atomic_write(out / "report.md", "w") as f:

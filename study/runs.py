@@ -17,6 +17,7 @@ loss among the lrs all of whose seeds finished.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import io
 import json
@@ -51,6 +52,10 @@ BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 # batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "batch_size",
             *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
+# A run recorded before a key existed trained with its default (as a resume reads an older
+# checkpoint): its point has that value, so that old and new records of one point stay one point.
+DEFAULTS = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+            for f in dataclasses.fields(TrainConfig)}
 
 
 @dataclass
@@ -80,7 +85,7 @@ class Run:
         """Every config key that is not lr, a seed or bookkeeping, as sorted (key, value) pairs
         (optimizer options one by one; min_lr as its ratio to lr)."""
         items = {}
-        for key, value in self.config.items():
+        for key, value in {**DEFAULTS, **self.config}.items():
             if key in BOOKKEEPING or key in LR_KEYS or key in SEED_KEYS:
                 continue
             if key == "optimizer_options":
