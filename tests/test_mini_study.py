@@ -45,3 +45,29 @@ def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archiv
         "attn_entropy.png", "max_logit.png", "max_logit_heads.png", "noise_scale.png", "peak_logit.png",
         "scaling.png", "val_loss.png"]
     assert f"mini-study: {len(runs)} runs" in result.stdout
+
+
+@pytest.mark.slow  # three tiny runs in processes of their own, then the report
+def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_records(tmp_path, byte_shards):
+    out, archive = tmp_path / "benchmark", tmp_path / "benchmark.tar.xz"
+    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
+            "probe_batch_size=2"]
+    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=benchmark", f"--out={out}",
+                             f"--data-dir={byte_shards}", "--optimizers=adamw_schedulefree", "--batches=8",
+                             "--seeds=1", "--tokens=1024", "--extend=0", "--jobs=2", f"--archive={archive}",
+                             *(f"--set={t}" for t in tiny)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = find_runs([archive])
+    trained = [r for r in runs if r.config["optimizer"] == "adamw_schedulefree"]
+    assert len(trained) == 3 and all(r.config["lr_schedule"] == "constant" for r in trained)  # a grid of three
+    # The paper preset's committed AdamW, MERIT and Muon records (not its QK-Clip points), unchanged, beside it.
+    paper = ROOT / "docs/mini_study/runs.tar.xz"
+    records = lambda runs, root, folders: sorted((str(r.folder.relative_to(root)), r.records)  # noqa: E731
+                                                 for r in runs if r.folder.relative_to(root).parts[0] in folders)
+    assert records(runs, archive, ("adamw", "merit", "muon")) == records(find_runs([paper]), paper,
+                                                                          ("adamw", "merit", "muon"))
+    assert len(runs) == len(trained) + len(records(runs, archive, ("adamw", "merit", "muon")))
+    text = (out / "report.md").read_text()
+    assert report(runs, None, "val/loss", "heldout/loss") == text
+    assert "| adamw_schedulefree, " in text and "| merit, " in text and "| muon, " in text
