@@ -51,8 +51,8 @@ class AdEMAMix(Optimizer):
     _ATTRIBUTES = (*Optimizer._ATTRIBUTES, "run_steps")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), beta3: float = 0.9999,
-                 alpha: float = 2.0, alpha_warmup: int | None = None, beta3_warmup: int | None = None, eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, run_steps: int | None = None, backend: str = "auto"):
+                 alpha: float = 2.0, alpha_warmup: int | None = None, beta3_warmup: int | None = None,
+                 eps: float = 1e-8, weight_decay: float = 0.0, *, run_steps: int | None = None, backend: str = "auto"):
         if run_steps is not None and not (_is_int(run_steps) and run_steps >= 1):
             raise ValueError(f"Invalid run_steps: {run_steps!r} (must be an int >= 1, the run's optimizer steps)")
         self.run_steps = run_steps  # before the base class checks the groups' warmups against it

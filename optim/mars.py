@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 from . import sharding
-from .base import Optimizer, zeros_like
+from .base import zeros_like
+from .hybrid import HiddenMatricesAndAdamW
 
 
-class MARS(Optimizer):
+class MARS(HiddenMatricesAndAdamW):
     """MARS-AdamW ("approx": g_prev is the previous step's gradient; the exact variant, which
     evaluates the previous batch again at the new weights, is not implemented) on the param groups
     marked ``hidden_matrix=True`` (``optim.build`` groups a model so), AdamW on the others.
@@ -48,65 +49,37 @@ class MARS(Optimizer):
     """
 
     USES_FUSED_OPERATIONS = False  # torch code and torch's fused AdamW kernel
-    HIDDEN_MATRICES_APART = True  # optim.build groups a model's parameters for it so
+    NAME = "MARS"
 
     def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.95, 0.99), eps: float = 1e-8,
                  weight_decay: float = 0.0, gamma: float = 0.025, adamw_lr: float | None = None,
                  adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_weight_decay: float | None = None, *,
                  backend: str = "auto"):
-        params = list(params)
-        if not all(isinstance(group, dict) and "hidden_matrix" in group for group in params):
-            raise ValueError("MARS needs param groups marked hidden_matrix=True (MARS) or False (AdamW), as "
-                             "optim.param_groups(model, ..., hidden_matrices_apart=True) makes them")
-        # The AdamW part's lr is a fixed multiple of MARS's, so that it follows the loop's schedule.
-        adamw_lr_ratio = 1.0 if adamw_lr is None or lr == 0 else adamw_lr / lr
-        adamw_weight_decay = weight_decay if adamw_weight_decay is None else adamw_weight_decay
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "gamma": gamma,
-                                  "adamw_lr_ratio": adamw_lr_ratio, "adamw_betas": tuple(adamw_betas),
-                                  "adamw_weight_decay": adamw_weight_decay}, backend=backend)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if group["hidden_matrix"] and p.ndim != 2:
-                    raise ValueError(f"MARS steps 2-D matrices, got a hidden_matrix parameter of shape "
-                                     f"{tuple(p.shape)}")
-                if not (p.is_floating_point() and p.device.type in ("cpu", "cuda")):
-                    raise ValueError(f"MARS runs torch's fused AdamW kernel, which takes floating CPU and CUDA "
-                                     f"tensors, got {p.dtype} on {p.device}")
-
-    @property
-    def _step_supports_amp_scaling(self) -> bool:
-        return True  # a step flagged non-finite is dropped on the device (update's skip)
+        super().__init__(params, {"betas": betas, "eps": eps, "gamma": gamma, "adamw_betas": tuple(adamw_betas)},
+                         lr=lr, adamw_lr=adamw_lr, weight_decay=weight_decay, adamw_weight_decay=adamw_weight_decay,
+                         backend=backend)
 
     def check_options(self, h: dict) -> None:
+        super().check_options(h)
         if not 0.0 <= h["gamma"] < float("inf"):
             raise ValueError(f"Invalid gamma: {h['gamma']} (must be finite and >= 0)")
-        if not h["adamw_lr_ratio"] >= 0.0:
-            raise ValueError(f"Invalid adamw_lr: {h['adamw_lr_ratio'] * h['lr']} (must be >= 0)")
         if len(h["adamw_betas"]) != 2 or not all(0.0 <= beta < 1.0 for beta in h["adamw_betas"]):
             raise ValueError(f"Invalid adamw_betas: {h['adamw_betas']!r} (must be two numbers in [0, 1))")
-        if not h["adamw_weight_decay"] >= 0.0:
-            raise ValueError(f"Invalid adamw_weight_decay: {h['adamw_weight_decay']} (must be >= 0)")
 
     def init_state(self, p: Tensor) -> dict:
-        # As torch's fused AdamW keeps it: a float32 counter on the parameter's device.
-        state = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros_like(p),
-                 "exp_avg_sq": zeros_like(p)}
-        if next(group for group in self.param_groups if any(q is p for q in group["params"]))["hidden_matrix"]:
+        state = self.adamw_state(p)
+        if self.group_of(p)["hidden_matrix"]:
             state["last_grad"] = zeros_like(p)
         return state
 
     def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                shards: sharding.Shards | None) -> None:
-        if group["hidden_matrix"]:
-            grad = self._corrected(grad, state["last_grad"], group, index, skip, shards)
-            lr, (beta1, beta2), decay = group["lr"], group["betas"], group["weight_decay"]
+        if group["hidden_matrix"]:  # AdamW on the corrected gradient c, with MARS's lr, betas and decay
+            c = self._corrected(grad, state["last_grad"], group, index, skip, shards)
+            self.adamw_step(p, c, state, lr=group["lr"], betas=group["betas"], weight_decay=group["weight_decay"],
+                            eps=group["eps"], skip=skip)
         else:
-            lr, (beta1, beta2) = group["lr"] * group["adamw_lr_ratio"], group["adamw_betas"]
-            decay = group["adamw_weight_decay"] if group["weight_decay"] else 0.0
-        # (The base class counted "step" already: the kernel reads it, found_inf drops the update.)
-        torch._fused_adamw_([p], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
-                            amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=decay, eps=group["eps"],
-                            maximize=False, found_inf=skip)
+            self.adamw_part(p, grad, state, group, group["adamw_betas"], skip)
 
     def _corrected(self, grad: Tensor, last_grad: Tensor, group: dict, index: int, skip: Tensor | None,
                    shards: sharding.Shards | None) -> Tensor:

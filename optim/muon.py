@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from . import sharding
-from .base import Optimizer, zeros_like
+from .base import zeros_like
+from .hybrid import HiddenMatricesAndAdamW
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -35,7 +36,7 @@ FUSED_QKV = "attn.c_attn.weight"
 SPECTRUM_OF = "attn.c_proj.weight"
 
 
-class Muon(Optimizer):
+class Muon(HiddenMatricesAndAdamW):
     """Muon on the param groups marked ``hidden_matrix`` (``optim.param_groups(...,
     hidden_matrices_apart=True)`` marks them; ``optim.build`` asks for it), AdamW on the others.
 
@@ -64,7 +65,7 @@ class Muon(Optimizer):
     """
 
     USES_FUSED_OPERATIONS = False  # torch code; the AdamW part is torch's fused kernel
-    HIDDEN_MATRICES_APART = True  # optim.build groups a model's parameters for it so
+    NAME = "Muon"
     FLAGS = ("nesterov",)
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
@@ -72,32 +73,14 @@ class Muon(Optimizer):
                  ns_eps: float = 1e-7, adjust_lr: str = "original", ns_dtype: str = "auto",
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adamw_lr: float | None = None,
                  adamw_weight_decay: float | None = None, *, backend: str = "auto"):
-        params = list(params)
-        if not all(isinstance(group, dict) and "hidden_matrix" in group for group in params):
-            raise ValueError("Muon needs param groups marked hidden_matrix=True (Muon) or False (AdamW), as "
-                             "optim.param_groups(model, ..., hidden_matrices_apart=True) makes them")
-        # The AdamW part's lr is a fixed multiple of Muon's, so that it follows the loop's schedule.
-        adamw_lr_ratio = 1.0 if adamw_lr is None or lr == 0 else adamw_lr / lr
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                                  "ns_steps": ns_steps, "ns_coefficients": tuple(ns_coefficients), "ns_eps": ns_eps,
-                                  "adjust_lr": adjust_lr, "ns_dtype": ns_dtype, "betas": betas, "eps": eps,
-                                  "adamw_lr_ratio": adamw_lr_ratio,
-                                  "adamw_weight_decay": weight_decay if adamw_weight_decay is None else adamw_weight_decay},
+        super().__init__(params, {"momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
+                                  "ns_coefficients": tuple(ns_coefficients), "ns_eps": ns_eps, "adjust_lr": adjust_lr,
+                                  "ns_dtype": ns_dtype, "betas": betas, "eps": eps},
+                         lr=lr, adamw_lr=adamw_lr, weight_decay=weight_decay, adamw_weight_decay=adamw_weight_decay,
                          backend=backend)
-        for group in self.param_groups:
-            for p in group["params"] if group["hidden_matrix"] else ():
-                if p.ndim != 2:
-                    raise ValueError(f"Muon steps 2-D matrices, got a hidden_matrix parameter of shape {tuple(p.shape)}")
-            for p in () if group["hidden_matrix"] else group["params"]:
-                if not (p.is_floating_point() and p.device.type in ("cpu", "cuda")):
-                    raise ValueError(f"Muon's AdamW part runs torch's fused AdamW kernel, which takes floating "
-                                     f"CPU and CUDA tensors, got {p.dtype} on {p.device}")
-
-    @property
-    def _step_supports_amp_scaling(self) -> bool:
-        return True  # a step flagged non-finite is dropped on the device (update's skip)
 
     def check_options(self, h: dict) -> None:
+        super().check_options(h)
         if not 0.0 <= h["momentum"] < 1.0:
             raise ValueError(f"Invalid momentum: {h['momentum']} (must be in [0, 1))")
         if not (isinstance(h["ns_steps"], int) and 1 <= h["ns_steps"] < 100):
@@ -110,32 +93,16 @@ class Muon(Optimizer):
             raise ValueError(f"Invalid adjust_lr: {h['adjust_lr']!r} (must be one of {', '.join(map(repr, ADJUST_LR))})")
         if h["ns_dtype"] not in NS_DTYPES:
             raise ValueError(f"Invalid ns_dtype: {h['ns_dtype']!r} (must be one of {', '.join(map(repr, NS_DTYPES))})")
-        if not h["adamw_lr_ratio"] >= 0.0:
-            raise ValueError(f"Invalid adamw_lr: {h['adamw_lr_ratio'] * h['lr']} (must be >= 0)")
-        if not h["adamw_weight_decay"] >= 0.0:
-            raise ValueError(f"Invalid adamw_weight_decay: {h['adamw_weight_decay']} (must be >= 0)")
 
     def init_state(self, p: Tensor) -> dict:
-        if self._group_of(p)["hidden_matrix"]:
-            return {"momentum_buffer": zeros_like(p)}
-        # As torch's fused AdamW keeps it: a float32 counter on the parameter's device.
-        return {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros_like(p),
-                "exp_avg_sq": zeros_like(p)}
-
-    def _group_of(self, p: Tensor) -> dict:
-        return next(group for group in self.param_groups if any(q is p for q in group["params"]))
+        return {"momentum_buffer": zeros_like(p)} if self.group_of(p)["hidden_matrix"] else self.adamw_state(p)
 
     def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                shards: sharding.Shards | None) -> None:
         if group["hidden_matrix"]:
             self._muon_update(p, grad, state, group, index, skip, shards)
         else:
-            # (The base class counted "step" already: the kernel reads it, found_inf drops the update.)
-            beta1, beta2 = group["betas"]
-            decay = group["adamw_weight_decay"] if group["weight_decay"] else 0.0
-            torch._fused_adamw_([p], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
-                                amsgrad=False, lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1, beta2=beta2,
-                                weight_decay=decay, eps=group["eps"], maximize=False, found_inf=skip)
+            self.adamw_part(p, grad, state, group, group["betas"], skip)
 
     def _muon_update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                      shards: sharding.Shards | None) -> None:

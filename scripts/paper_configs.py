@@ -208,7 +208,8 @@ def render(stem: str, point: dict) -> str:
     else:
         lines.append(f"min_lr = {point['min_lr']:g}")
     if "betas" in point:
-        lines += [f"beta1 = {point['betas'][0]:g}  # the 2025 benchmark's 720M setting", f"beta2 = {point['betas'][1]:g}"]
+        lines += [f"beta1 = {point['betas'][0]:g}  # the 2025 benchmark's 720M setting",
+                  f"beta2 = {point['betas'][1]:g}"]
     if point["options"]:
         lines.append(f"optimizer_options = {point['options']!r}")
     if "qk_norm" in point:

@@ -232,7 +232,8 @@ def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, skip_ptr, numel, decay: tl.float64, 
     if DECAYS:
         p = _round(p * _scalar(decay, COMPUTE), dtype)
     m = _round(_lerp(_load(m_ptr, offs, mask, COMPUTE), g, _scalar(w1, COMPUTE)), dtype)
-    d = _round(_round(_load(h_ptr, offs, mask, COMPUTE) * _scalar(scale, COMPUTE), dtype) + _scalar(eps, COMPUTE), dtype)
+    d = _round(_round(_load(h_ptr, offs, mask, COMPUTE) * _scalar(scale, COMPUTE), dtype) + _scalar(eps, COMPUTE),
+               dtype)
     x = tl.minimum(tl.maximum(_round(_div(m, d), dtype), -1.0), 1.0)
     kept = _kept(mask, skip_ptr, SKIPS)
     tl.store(p_ptr + offs, _round(p + _scalar(neg_lr, COMPUTE) * x, dtype).to(dtype), mask=kept)
