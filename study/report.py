@@ -59,6 +59,13 @@ def batch_values(study: Study) -> dict[str, list[tuple[int, object]]]:
     return values
 
 
+def optimizer_values(study: Study) -> dict[str, list[tuple[str, object]]]:
+    """The keys that go with the optimizer (Schedule-Free's constant lr schedule), with each
+    optimizer's value."""
+    return {key: sorted({(r.config["optimizer"], dict(r.point)[key]) for r in study.runs})
+            for key in study.with_optimizer}
+
+
 def loss_table(study: Study, best: dict, report_on: str) -> str:
     """Rows: points without their batch; columns: batches. Each cell the selected lr's seeds."""
     batches = sorted({batch for _, batch in best})
@@ -240,6 +247,9 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     with_batch = "".join(
         f" {key} goes with the batch ({', '.join(f'batch {b}: {v}' for b, v in values)})."
         for key, values in batch_values(study).items())
+    with_batch += "".join(
+        f" {key} goes with the optimizer ({', '.join(f'{o}: {v}' for o, v in values)})."
+        for key, values in optimizer_values(study).items())
     sections = [title,
                 f"Each point's lr is the one with the lowest mean final {select_on} among those all of whose "
                 f"seeds finished. Cells: mean ± std [±95% interval half-width] over seeds.{with_batch}",

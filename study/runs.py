@@ -45,6 +45,9 @@ OPTIMIZER_KEYS = keys_with_role("optimizer")
 # Schedule keys a batch sweep at a fixed token budget derives from the batch: where each batch has
 # one value of such a key, it goes with the batch (the table's columns), not into the labels.
 BATCH_SCHEDULE_KEYS = ("warmup_steps", "warmup_tokens", "max_steps")
+# Keys an optimizer may fix for itself (Schedule-Free AdamW takes lr_schedule "constant"): where each
+# optimizer's runs have one value, it goes with the optimizer (the report's notes), not into the labels.
+OPTIMIZER_FIXED_KEYS = ("lr_schedule",)
 # An optimizer's decays a sweep may scale with the batch (--beta-scaling half-life): where each of
 # that optimizer's batches has one value, they go with the batch too.
 BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
@@ -226,6 +229,9 @@ class Study:
         # The keys that vary only with the batch: said once, in the report's notes; an optimizer's
         # decays among its own runs.
         self.with_batch = _batch_only(runs, self.varying[None], BATCH_SCHEDULE_KEYS)
+        self.with_optimizer = [key for key in self.varying[None] if key in OPTIMIZER_FIXED_KEYS and all(
+            len({dict(r.point).get(key) for r in runs if r.config["optimizer"] == optimizer}) == 1
+            for optimizer in self.varying if optimizer is not None)]
         self.with_batch_of = {optimizer: _batch_only([r for r in runs if r.config["optimizer"] == optimizer],
                                                      keys, BATCH_DECAY_KEYS)
                               for optimizer, keys in self.varying.items() if optimizer is not None}
@@ -234,7 +240,8 @@ class Study:
         """The run's point without its batch: the optimizer, then every other key that varies."""
         point = dict(run.point)
         keys = [*self.varying[None], *self.varying[run.config["optimizer"]]]
-        with_batch = [*self.with_batch, *self.with_batch_of.get(run.config["optimizer"], [])]
+        with_batch = [*self.with_batch, *self.with_optimizer,  # (said once, in the report's notes)
+                      *self.with_batch_of.get(run.config["optimizer"], [])]
         rest = [f"{key.removeprefix('optimizer_options.')}={point.get(key)}" for key in keys
                 if key not in LABELLED and key not in with_batch]
         return ", ".join([run.optimizer_label, *rest])

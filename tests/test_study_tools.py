@@ -147,6 +147,24 @@ def test_two_model_sizes_at_one_batch_are_two_points_never_averaged(tmp_path):
     assert "3.335" not in text  # the mean of Medium and a Small run
 
 
+def test_a_schedule_an_optimizer_fixes_goes_with_it_and_older_records_read_as_the_default(tmp_path):
+    """Schedule-Free's constant schedule is said once, not in every label, so its row is paired with
+    AdamW's; a record without a key (older than it) is a run of its default: one point with a new one."""
+    for name, optimizer, lr, seed, final, schedule in (("sf_s0", "adamw_schedulefree", 1e-3, 0, 2.9, "constant"),
+                                                       ("sf_s1", "adamw_schedulefree", 1e-3, 1, 2.7, "constant"),
+                                                       ("adamw_s0", "adamw", 1e-3, 0, 3.0, None),
+                                                       ("adamw_s1", "adamw", 1e-3, 1, 3.0, "cosine")):
+        write_run(tmp_path / name, optimizer, 16, lr, seed, final)
+        if schedule:
+            config = json.loads((tmp_path / name / "config.json").read_text())
+            (tmp_path / name / "config.json").write_text(json.dumps({**config, "lr_schedule": schedule}))
+    text = report(find_runs([tmp_path]), target=None)
+    assert "lr_schedule goes with the optimizer (adamw: cosine, adamw_schedulefree: constant)." in text
+    assert f"| adamw | {_cell([3.0, 3.0], 1e-3, edge=True)} |" in text  # (the seed without the key joins)
+    assert f"| adamw_schedulefree | {_cell([2.9, 2.7], 1e-3, edge=True)} |" in text
+    assert "| adamw_schedulefree | 16 | -0.200 [" in text  # against AdamW, paired by seed
+
+
 def test_an_lr_with_a_diverged_seed_is_never_selected(tmp_path):
     """lr 1e-2: seed 0 ends at 1.5, seed 1 diverged; lr 3e-3: both seeds finish at 1.9. The
     survivor's 1.5 would win; the lr is out: 3e-3 is selected, and the report says why."""
