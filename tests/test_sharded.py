@@ -28,6 +28,9 @@ STEPS, SAVE_AT = 10, 5
 # lr-sized steps, and torch's fused AdamW kernel rounds an element differently at a different
 # place in its vectorised loop (a shard boundary moves it): 1e-5 apart after 10 steps, 7e-8 without.
 SHAPES = dict(n_layer=2, n_head=2, n_embd=6, block_size=8, vocab_size=61, dropout=0.0, bias=False)
+# Sharded (DCP) checkpoints saved on 4 ranks and resumed on 2 and 1: MERIT's row shards, and SOAP's state
+# whole on every rank (refreshed before and after the save).
+CHECKPOINTED = [("merit", {}), ("soap", {"precondition_frequency": 3})]
 CONFIGS = [("adamw", {}), ("lamb", {}), ("lamb", {"bias_correction": True, "ratio_only_with_decay": True}),
            ("merit", {}), ("merit", {"norm": "l2"}), ("merit", {"weightwise_lower_bound": False}),
            ("merit", {"elementwise_clip": False}), ("merit", {"maxlamb": True}), ("lion", {}),
@@ -83,12 +86,17 @@ def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
 
 
 def test_a_sharded_checkpoint_of_4_ranks_resumes_on_2_and_on_1_exactly(tmp_path):
-    saved = torchrun(4, "save", str(tmp_path))[0]
-    assert saved["matches_unsharded"]  # the uninterrupted 4-rank run is the one-process run, bitwise
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", f"ckpt_{SAVE_AT:08d}.dcp", "uninterrupted.pt"]
+    saved = torchrun(4, "save", str(tmp_path))
+    # The uninterrupted 4-rank run is the one-process run, bitwise; SOAP's state is whole on every rank.
+    assert saved == [{"optimizer": name, "matches_unsharded": True, "whole_state": name == "soap"}
+                     for name, _ in CHECKPOINTED]
+    for name, _ in CHECKPOINTED:
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["ckpt.pt", f"ckpt_{SAVE_AT:08d}.dcp",
+                                                                        "uninterrupted.pt"]
     for nproc in (2, 1):
-        resumed = torchrun(nproc, "resume", str(tmp_path))[0]
-        assert resumed == {"world": nproc, "restored_step": SAVE_AT, "equal": True}
+        resumed = torchrun(nproc, "resume", str(tmp_path))
+        assert resumed == [{"optimizer": name, "world": nproc, "restored_step": SAVE_AT, "equal": True}
+                           for name, _ in CHECKPOINTED]
 
 
 # --- the workers ---
@@ -208,36 +216,43 @@ def exact(ctx, mode):
 
 
 def save(ctx, folder):
+    from torch.distributed.tensor import DTensor
+
     from training.checkpoint import Checkpoint
     from training.sharded_checkpoint import save_sharded_in
-    model, optimizer, weight = build("merit", {}, ctx, "fsdp")
-    loop = Loop(model, optimizer, weight)
-    train(loop, 0, SAVE_AT)
-    checkpoint = Checkpoint(model={}, model_args=SHAPES, optimizer={}, scaler={}, step=SAVE_AT, tokens=0, rng=[],
-                            train_loader={}, config={}) if ctx.is_main else None
-    save_sharded_in(folder, checkpoint, model, optimizer, SAVE_AT, keep=2)
-    train(loop, SAVE_AT, STEPS)
-    reference, reference_opt, _ = build("merit", {}, ctx, "single")
-    train(Loop(reference, reference_opt, 1.0), 0, STEPS)
-    result = full(model)
-    if ctx.is_main:
-        torch.save(result, folder / "uninterrupted.pt")
-        same = all(torch.equal(result[k], v) for k, v in full(reference).items())
-        print(json.dumps({"matches_unsharded": same}), flush=True)
+    for name, options in CHECKPOINTED:
+        model, optimizer, weight = build(name, options, ctx, "fsdp")
+        loop = Loop(model, optimizer, weight)
+        train(loop, 0, SAVE_AT)
+        checkpoint = Checkpoint(model={}, model_args=SHAPES, optimizer={}, scaler={}, step=SAVE_AT, tokens=0, rng=[],
+                                train_loader={}, config={}) if ctx.is_main else None
+        (folder / name).mkdir(exist_ok=True)  # (the run folder, which the trainer makes)
+        save_sharded_in(folder / name, checkpoint, model, optimizer, SAVE_AT, keep=2)
+        train(loop, SAVE_AT, STEPS)
+        reference, reference_opt, _ = build(name, options, ctx, "single")
+        train(Loop(reference, reference_opt, 1.0), 0, STEPS)
+        result = full(model)
+        # SOAP keeps its state whole on every rank (plain tensors); the others shard it as their parameters.
+        whole = not any(isinstance(t, DTensor) for state in optimizer.state.values() for t in state.values())
+        if ctx.is_main:
+            torch.save(result, folder / name / "uninterrupted.pt")
+            same = all(torch.equal(result[k], v) for k, v in full(reference).items())
+            print(json.dumps({"optimizer": name, "matches_unsharded": same, "whole_state": whole}), flush=True)
 
 
 def resume(ctx, folder):
     from training.checkpoint import CHECKPOINT_NAME, Checkpoint
     from training.sharded_checkpoint import load_sharded_state
-    model, optimizer, weight = build("merit", {}, ctx, "fsdp" if ctx.enabled else "single")
-    path = (folder / CHECKPOINT_NAME).resolve()
-    checkpoint = Checkpoint.load(path)
-    load_sharded_state(path, checkpoint, model, optimizer)
-    train(Loop(model, optimizer, weight), checkpoint.step, STEPS)
-    result, expected = full(model), torch.load(folder / "uninterrupted.pt", weights_only=True)
-    if ctx.is_main:
-        print(json.dumps({"world": ctx.world_size, "restored_step": checkpoint.step,
-                          "equal": all(torch.equal(result[k], v) for k, v in expected.items())}), flush=True)
+    for name, options in CHECKPOINTED:
+        model, optimizer, weight = build(name, options, ctx, "fsdp" if ctx.enabled else "single")
+        path = (folder / name / CHECKPOINT_NAME).resolve()
+        checkpoint = Checkpoint.load(path)
+        load_sharded_state(path, checkpoint, model, optimizer)
+        train(Loop(model, optimizer, weight), checkpoint.step, STEPS)
+        result, expected = full(model), torch.load(folder / name / "uninterrupted.pt", weights_only=True)
+        if ctx.is_main:
+            print(json.dumps({"optimizer": name, "world": ctx.world_size, "restored_step": checkpoint.step,
+                              "equal": all(torch.equal(result[k], v) for k, v in expected.items())}), flush=True)
 
 
 if __name__ == "__main__":

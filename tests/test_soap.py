@@ -1,15 +1,10 @@
 """optim/soap.py: SOAP against a naive float64 transcription of docs/optimizers.md's rule, against
-``pytorch_optimizer.SOAP`` in float32, GPT-2's fused c_attn as three matrices, its state round trip
-(in process, and through an FSDP2 sharded checkpoint resumed on 2 ranks and on 1), diagnostics and
-refusals. (The parameters under ZeRO-1 and FSDP2: tests/test_sharded.py; a flagged step:
+``pytorch_optimizer.SOAP`` in float32, GPT-2's fused c_attn as three matrices, its state round trip,
+diagnostics and refusals. (The parameters under ZeRO-1 and FSDP2, and an FSDP2 sharded checkpoint of
+its whole-on-every-rank state resumed on 2 ranks and on 1: tests/test_sharded.py; a flagged step:
 tests/test_optim_skip.py.)"""
 import io
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +14,6 @@ from torch import nn
 import optim
 from optim import SOAP
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20
 
 
@@ -324,73 +318,3 @@ def test_refuses_parameters_it_cannot_step(shape, dtype, bad):
     with pytest.raises(ValueError, match=bad):
         SOAP([nn.Parameter(torch.zeros(shape, dtype=dtype))])
 
-
-# --- an FSDP2 sharded checkpoint: SOAP's state is whole on every rank, not sharded like the parameters ---
-OPTIONS = {"precondition_frequency": 3}  # refreshes before the save (t = 3) and after it (t = 6, 9)
-
-
-def _torchrun(nproc: int, *args: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                if nproc > 1 else [sys.executable])
-    result = subprocess.run([*launcher, __file__, *args], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
-
-
-@pytest.mark.slow
-def test_an_fsdp2_checkpoint_resumes_on_2_ranks_and_on_1_exactly(tmp_path):
-    saved = _torchrun(2, "save", str(tmp_path))
-    assert saved == {"matches_unsharded": True, "whole_state": True, "resumed_equal": True}
-    assert _torchrun(1, "resume", str(tmp_path)) == {"equal": True}
-
-
-def _save(ctx, folder):
-    """Train 10 steps on FSDP2 ranks with a sharded checkpoint at step 5; resume from it on these ranks."""
-    from test_sharded import SAVE_AT, STEPS as RUN_STEPS, Loop, build, full, train
-    from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-    from training.sharded_checkpoint import load_sharded_state, save_sharded_in
-    model, optimizer, weight = build("soap", OPTIONS, ctx, "fsdp")
-    loop = Loop(model, optimizer, weight)
-    train(loop, 0, SAVE_AT)
-    checkpoint = Checkpoint(model={}, model_args={}, optimizer={}, scaler={}, step=SAVE_AT, tokens=0, rng=[],
-                            train_loader={}, config={}) if ctx.is_main else None
-    save_sharded_in(folder, checkpoint, model, optimizer, SAVE_AT, keep=2)
-    train(loop, SAVE_AT, RUN_STEPS)
-    reference, reference_opt, _ = build("soap", OPTIONS, ctx, "single")
-    train(Loop(reference, reference_opt, 1.0), 0, RUN_STEPS)
-    resumed, resumed_opt, _ = build("soap", OPTIONS, ctx, "fsdp")
-    path = (folder / CHECKPOINT_NAME).resolve()
-    load_sharded_state(path, Checkpoint.load(path), resumed, resumed_opt)
-    train(Loop(resumed, resumed_opt, weight), SAVE_AT, RUN_STEPS)
-    result, resumed_result = full(model), full(resumed)  # (collectives: on every rank)
-    # Plain tensors (no DTensor), m of the whole parameter's shape: the state is whole on every rank.
-    whole = all(type(t) is torch.Tensor for s in optimizer.state.values() for t in s.values()) and \
-        all(s["exp_avg"].shape == p.shape for p, s in optimizer.state.items())
-    if ctx.is_main:
-        torch.save(result, folder / "uninterrupted.pt")
-        print(json.dumps({"matches_unsharded": all(torch.equal(result[k], v) for k, v in full(reference).items()),
-                          "whole_state": whole,
-                          "resumed_equal": all(torch.equal(result[k], v) for k, v in resumed_result.items())}),
-              flush=True)
-
-
-def _resume(ctx, folder):
-    """Resume the checkpoint of ``_save`` in one process: the uninterrupted run's parameters."""
-    from test_sharded import SAVE_AT, STEPS as RUN_STEPS, Loop, build, full, train
-    from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-    from training.sharded_checkpoint import load_sharded_state
-    model, optimizer, _ = build("soap", OPTIONS, ctx, "single")
-    path = (folder / CHECKPOINT_NAME).resolve()
-    load_sharded_state(path, Checkpoint.load(path), model, optimizer)
-    train(Loop(model, optimizer, 1.0), SAVE_AT, RUN_STEPS)
-    expected = torch.load(folder / "uninterrupted.pt", weights_only=True)
-    print(json.dumps({"equal": all(torch.equal(t, expected[k]) for k, t in full(model).items())}), flush=True)
-
-
-if __name__ == "__main__":
-    from training import distributed
-    context = distributed.setup("cpu")
-    command, folder = sys.argv[1:3]
-    {"save": _save, "resume": _resume}[command](context, Path(folder))
-    distributed.teardown(context)
