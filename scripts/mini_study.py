@@ -8,15 +8,17 @@ fixed token budget, below and above the model's critical batch.
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
-with QK-Clip (``EXTRAS``). Two stages, each point's lr found before its seeds are run:
+with QK-Clip (``EXTRAS``). Each point's lr is found before its seeds are run:
 
 1. the lr, seed 0: a factor-of-3 grid of three lrs around the optimizer's centre, scaled from
    REFERENCE_BATCH by (batch ratio) ** exponent (``OPTIMIZERS``: centres and exponents read off a
    one-seed pilot of this study, whose best lrs moved with the batch as the square root for MERIT
    and Muon, less for LAMB and not at all for AdamW); while a point's best lr is on its grid's edge,
-   the grid grows by one lr beyond that edge (at most ``--extend`` times), so the best lies inside
+   the grid grows by one lr beyond that edge (by ``--extend`` lrs at most), so the best lies inside
    it or the report says it does not;
-2. the seeds: seeds 1 .. ``--seeds`` - 1 (init and data order both) at each point's best lr.
+2. the seeds: seeds 1 .. ``--seeds`` - 1 (init and data order both) at each point's best lr. Their
+   mean may move the best lr to another of the grid (one seed's): then 1 and 2 again, until every
+   point's best lr has all its seeds. So a rerun of a finished study runs nothing.
 
 ``--preset benchmark``: the same axis for the 2025 optimizer benchmark's optimizers (Semenov et al.,
 ``BENCHMARK``: AdEMAMix, MARS, SOAP, Schedule-Free AdamW, D-Muon), written to its own folder
@@ -136,6 +138,21 @@ class Studied:
         best = Study(runs).best() if runs else {}
         return next(iter(best.values()), None), sorted({r.lr for r in runs})
 
+    def grow(self, extend: int) -> list[sweep.Point]:
+        """Seed 0 at one lr past the grid's edge where the best lr is on it (below it where none
+        finished), while the grid holds fewer than 3 + ``extend`` lrs."""
+        selection, grid = self.state()
+        if len(grid) >= 3 + extend:
+            return []
+        if selection is None or selection.lr == grid[0]:
+            return self.add([_round(grid[0] / LR_FACTOR)], [0])
+        return self.add([_round(grid[-1] * LR_FACTOR)], [0]) if selection.lr == grid[-1] else []
+
+    def seed(self, seeds: list[int]) -> list[sweep.Point]:
+        """``seeds`` at the best lr, where it lacks some of them."""
+        selection = self.state()[0]
+        return self.add([selection.lr], seeds) if selection and len(selection.runs) < len(seeds) + 1 else []
+
 
 def run(points: list[sweep.Point], jobs: int) -> None:
     if points:
@@ -194,22 +211,16 @@ def main(argv=None) -> None:
 
     print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
     run([p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])], args.jobs)
-    for round_ in range(args.extend):
-        grown = []
-        for s in studied:
-            selection, grid = s.state()
-            if selection is None or selection.lr == grid[0]:  # (none finished: below the lowest)
-                grown += s.add([_round(grid[0] / LR_FACTOR)], [0])
-            elif selection.lr == grid[-1]:
-                grown += s.add([_round(grid[-1] * LR_FACTOR)], [0])
-        if not grown:
-            break
-        print(f"mini-study stage 1, round {round_ + 2}: {len(grown)} grids grow past an edge")
-        run(grown, args.jobs)
     seeds = list(range(1, args.seeds))
-    chosen = [(s, s.state()[0]) for s in studied]
-    print(f"mini-study stage 2: seeds {seeds} at each point's best lr")
-    run([p for s, selection in chosen if selection and seeds for p in s.add([selection.lr], seeds)], args.jobs)
+    while True:
+        if grown := [p for s in studied for p in s.grow(args.extend)]:
+            print(f"mini-study stage 1: {len(grown)} grids grow past an edge")
+            run(grown, args.jobs)
+        elif seeded := [p for s in studied for p in s.seed(seeds)]:
+            print(f"mini-study stage 2: {len(seeded)} seeds at the points' best lrs")
+            run(seeded, args.jobs)
+        else:
+            break
 
     unpack_beside(out, beside)
     runs = [r for r in find_runs([out]) if r.final("val/loss") is not None]

@@ -34,9 +34,12 @@ def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archiv
         lrs = sorted({r.lr for r in members if r.seed == 0})
         assert len(lrs) in (3, 4) and all(b / a == pytest.approx(3, rel=0.01) for a, b in zip(lrs, lrs[1:]))
         assert members[0].config["max_tokens"] == 1024 and members[0].config["micro_batch_size"] == batch // 2
-        # Stage 2: seed 1 at the best lr of seed 0's grid, and nowhere else.
+        # Stage 2: seed 1 at the best lr of seed 0's grid, and wherever the seeds' mean moved the best
+        # lr to; the point's selection has both seeds.
         best = Study([r for r in members if r.seed == 0]).best()
-        assert {r.lr for r in members if r.seed == 1} == {next(iter(best.values())).lr}
+        seeded = {r.lr for r in members if r.seed == 1}
+        assert next(iter(best.values())).lr in seeded and len(seeded) <= len(lrs)
+        assert len(next(iter(Study(members).best().values())).runs) == 2
         assert all(r.config["data_seed"] == r.seed for r in members)
     text = (out / "report.md").read_text()
     assert "selected on val/loss, reported on heldout/loss" in text and "| muon + qk_clip 10 |" in text
