@@ -14,6 +14,7 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * the final loss per point and batch, at the selected lr;
 * against AdamW: each point minus AdamW at the same batch and other keys, paired by seed (the
   difference's mean and 95% interval), and minus AdamW's mean at its smallest batch (the paper's Δ);
+  the same against MERIT and against Muon, where the runs hold them;
 * the whole lr grid: the final loss of every lr, the seeds that finished, the peak and final max
   attention logit (the largest layer), diverged lrs included;
 * the max attention logit per layer at every lr (the selected one marked): its peak and final values;

@@ -9,7 +9,9 @@ import re
 from study import cbs
 from study.runs import Run, Selection, Study, is_branch, paired, summary
 
-REFERENCE = "adamw"  # the optimizer every other is compared with
+# The optimizers every other is compared with, where the runs hold them: the paper's baseline, the
+# paper's optimizer and the matrix-optimizer baseline.
+REFERENCES = ("adamw", "merit", "muon")
 
 
 def _mean(values: list[float | None], digits: int = 3) -> str:
@@ -81,20 +83,20 @@ def loss_table(study: Study, best: dict, report_on: str) -> str:
     return table(["point", *(f"batch {b}" for b in batches)], rows)
 
 
-def reference_label(study: Study, label: str, best: dict) -> str | None:
-    """The label of the reference optimizer's point with the same other keys as ``label``'s."""
+def reference_label(label: str, best: dict, optimizer: str) -> str | None:
+    """The label of ``optimizer``'s point with the same other keys as ``label``'s."""
     run = next(selection.runs[0] for (name, _), selection in best.items() if name == label)
     rest = label.removeprefix(run.optimizer_label)
-    reference = REFERENCE + rest
+    reference = optimizer + rest
     return reference if any(name == reference for name, _ in best) and reference != label else None
 
 
-def comparison_table(study: Study, best: dict, report_on: str) -> str | None:
-    """Each point against the reference optimizer at the same batch (paired by seed: the difference
-    and its 95% interval) and against the reference at its smallest batch (the paper's Δ)."""
+def comparison_table(best: dict, report_on: str, optimizer: str) -> str | None:
+    """Each point against ``optimizer`` at the same batch (paired by seed: the difference and its
+    95% interval) and against ``optimizer`` at its smallest batch (the paper's Δ)."""
     rows = []
     for (label, batch), selection in best.items():
-        reference = reference_label(study, label, best)
+        reference = reference_label(label, best, optimizer)
         if reference is None:
             continue
         same = best.get((reference, batch))
@@ -106,8 +108,8 @@ def comparison_table(study: Study, best: dict, report_on: str) -> str | None:
                      f"{mine.mean - base.mean:+.3f} (batch {smallest})"])
     if not rows:
         return None
-    return table(["point", "batch", f"Δ vs {REFERENCE}, same batch, paired by seed [95%]",
-                  f"Δ vs {REFERENCE} at its smallest batch (means)"], rows)
+    return table(["point", "batch", f"Δ vs {optimizer}, same batch, paired by seed [95%]",
+                  f"Δ vs {optimizer} at its smallest batch (means)"], rows)
 
 
 def grid_table(study: Study) -> str:
@@ -254,9 +256,10 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
                 f"Each point's lr is the one with the lowest mean final {select_on} among those all of whose "
                 f"seeds finished. Cells: mean ± std [±95% interval half-width] over seeds.{with_batch}",
                 f"## Final {report_on} (best lr per point; {where})", loss_table(study, best, report_on)]
-    comparison = comparison_table(study, best, report_on)
-    if comparison:
-        sections += [f"## Against {REFERENCE} ({report_on})", comparison]
+    for optimizer in REFERENCES:
+        comparison = comparison_table(best, report_on, optimizer)
+        if comparison:
+            sections += [f"## Against {optimizer} ({report_on})", comparison]
     sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
                  max_logit_table(study, best),
