@@ -114,6 +114,11 @@ def test_report_tables_hold_the_hand_computed_values(study, tmp_path):
     assert f"| merit | 4 | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] | {1.71 - 1.85:+.3f} (batch 4) |" in text
     assert f"| merit | 16 | {statistics.fmean([1.6 - 2.5, 1.62 - 2.7]):+.3f} [" in text
     assert "| merit (maxLAMB) | 4 | +0.100 (1 seed) | +0.050 (batch 4) |" in text  # (seed 0: 1.9 - 1.8)
+    # And against MERIT: AdamW's paired differences are MERIT's against AdamW, negated; against MERIT's
+    # batch 4 mean (1.71). No Muon runs: no section against Muon.
+    against_merit = text[text.index("## Against merit"):text.index("## Every lr")]
+    assert f"| adamw | 4 | {-mean:+.3f} [{-mean - half:+.3f}, {-mean + half:+.3f}] | {1.85 - 1.71:+.3f} (batch 4) |" \
+        in against_merit and "## Against muon" not in text
     # Max logit: layer 0 peaks at 10 (seed 0) and 20 (seed 1), mean 15; ends at 3 and 6 -> 4.5.
     assert "| adamw | 4 | 0.003 (selected) | 15 / 4.5 | 200 / 200 |" in text
     assert "| adamw | 4 | 0.01 | 10 / 10 | 100 / 100 |" in text  # the diverged lr: up to its step 20
