@@ -282,7 +282,8 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
 
 # A block of a page (README.md, docs/*.md) that holds one of a report's tables:
 # <!-- report: ARCHIVE [SELECT_ON REPORT_ON], SECTION -->
-REPORT_BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n(.*?)\n<!-- end -->", re.S)
+# A block's body is its lines up to its own end marker; an empty block (no lines) is a block too.
+REPORT_BLOCK = re.compile(r"<!-- report: (\S+)(?: (\S+) (\S+))?, (.+?) -->\n((?:(?!<!-- ).*\n)*?)<!-- end -->")
 
 
 def first_table(text: str, heading: str) -> str:

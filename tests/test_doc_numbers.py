@@ -8,7 +8,7 @@ import re
 import pytest
 
 from helpers import ROOT
-from study.report import REPORT_BLOCK, report
+from study.report import REPORT_BLOCK, fill_blocks, report
 from study.runs import find_runs
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -43,9 +43,21 @@ def test_the_docs_have_report_blocks():
 def test_a_readme_table_is_the_report_s(archive, select_on, report_on, section, body):
     text = report(find_runs([ROOT / archive]), None, select_on or "val/loss", report_on or None)
     assert (ROOT / archive).with_name((ROOT / archive).name.removesuffix(".tar.xz") + ".md").read_text() == text
-    assert body == first_table(text, section), f"the docs' {section} of {archive} is not the report's"
+    assert body.removesuffix("\n") == first_table(text, section), \
+        f"the docs' {section} of {archive} is not the report's"
 
 
 def test_the_paper_config_count_is_the_number_of_files():
     stated = re.search(r"one editable file per point \((\d+) files", (ROOT / "docs" / "configs.md").read_text())
     assert int(stated.group(1)) == len(list((ROOT / "configs" / "paper").glob("*.py")))
+
+
+def test_filling_blocks_keeps_the_text_around_them_an_empty_block_included():
+    """scripts.report --update fills each block of its archive with its section's table, an empty new
+    block too, and leaves everything else as it was (an empty block once swallowed what followed it)."""
+    document = ("intro\n<!-- report: A.tar.xz, ## S -->\n<!-- end -->\nprose\n<!-- report: B.tar.xz, ## S -->\n"
+                "| b |\n<!-- end -->\n<!-- report: A.tar.xz, ## T -->\n| old |\n| old |\n<!-- end -->\nend\n")
+    filled = fill_blocks(document, "A.tar.xz", "## S\n\n| s |\n|---|\n\n## T\ntext\n| t |\n")
+    assert filled == ("intro\n<!-- report: A.tar.xz, ## S -->\n| s |\n|---|\n<!-- end -->\nprose\n"
+                      "<!-- report: B.tar.xz, ## S -->\n| b |\n<!-- end -->\n"
+                      "<!-- report: A.tar.xz, ## T -->\n| t |\n<!-- end -->\nend\n")
