@@ -159,7 +159,7 @@ def test_soap_is_pytorch_optimizer_s_soap_within_float32_rounding():
     No zero rows here: in float32 a direction of zero gradient carries the eigenbasis's rounding noise
     (~1e-7 |G|, above eps), which Adam normalises to O(1) steps, different in every implementation
     (measured: 8e-3 apart)."""
-    pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
+    import pytorch_optimizer  # (requirements-dev.txt)
     gen = torch.Generator().manual_seed(1)
     shapes = [(6, 6), (12, 5), (8, 8), (5,)]
     start = [torch.randn(shape, generator=gen) for shape in shapes]
