@@ -62,12 +62,13 @@ class HiddenMatricesAndAdamW(Optimizer):
 
     @staticmethod
     def adamw_step(p: Tensor, grad: Tensor, state: dict, *, lr: float, betas: tuple[float, float],
-                   weight_decay: float, eps: float, skip: Tensor | None) -> None:
+                   weight_decay: float, eps: float, skip: Tensor | None, grad_scale: Tensor | None = None) -> None:
         """torch's fused AdamW kernel on p (the base class counted "step" already; ``skip``: its
-        found_inf, which drops the update on the device)."""
+        found_inf, which drops the update on the device; ``grad_scale``: a float32 0-d tensor the
+        kernel divides the gradient by as it reads it)."""
         torch._fused_adamw_([p], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
                             amsgrad=False, lr=lr, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay,
-                            eps=eps, maximize=False, found_inf=skip)
+                            eps=eps, maximize=False, grad_scale=grad_scale, found_inf=skip)
 
     def adamw_part(self, p: Tensor, grad: Tensor, state: dict, group: dict, betas: tuple[float, float],
                    skip: Tensor | None) -> None:

@@ -12,8 +12,10 @@ gradient and g_prev the previous step's (state, zero before the first step, as t
 
 The authors write the last line as ``p - lr * (wd*p + m / ((sqrt(v)/sqrt(1-b2^t) + eps) * (1-b1^t)))``:
 the same formula as ``torch.optim.AdamW``'s, bias correction and eps included, so it runs torch's
-fused AdamW kernel on c. Everything else (embeddings, the tied LM head, norms, biases) takes plain
-AdamW on g, through the same kernel, with its own lr, betas and weight decay (the authors' "1-D" path).
+fused AdamW kernel on c. c and its squared norm come from one sweep of g and g_prev, the fused
+operation ``mars_correction`` (optim/backends/), which writes c into the gradient's storage.
+Everything else (embeddings, the tied LM head, norms, biases) takes plain AdamW on g, through the
+same kernel, with its own lr, betas and weight decay (the authors' "1-D" path).
 """
 from __future__ import annotations
 
@@ -43,12 +45,15 @@ class MARS(HiddenMatricesAndAdamW):
     wd 0.1, AdamW lr 1e-3 and betas (0.8, 0.999).
 
     State: "step", "exp_avg", "exp_avg_sq" per tensor (as torch's fused AdamW keeps them) and
-    "last_grad" (g_prev) per MARS matrix. Diagnostics (requested steps), per MARS matrix:
+    "last_grad" (g_prev) per MARS matrix. ``step`` consumes the MARS matrices' gradients (p.grad
+    holds c afterwards). Diagnostics (requested steps), per MARS matrix:
     ``correction_norm``, ||c||_2 before the clip, and ``correction_clipped``, 1 where it was clipped.
     Under FSDP2 a rank holds rows: ||c||_2 sums the ranks' squares (one all-reduce per matrix).
     """
 
-    USES_FUSED_OPERATIONS = False  # torch code and torch's fused AdamW kernel
+    # c in one sweep (the fused ``mars_correction``, written into the gradient's storage: ``step``
+    # consumes the gradients), then torch's fused AdamW kernel on c.
+    USES_FUSED_OPERATIONS = True
     NAME = "MARS"
 
     def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.95, 0.99), eps: float = 1e-8,
@@ -75,26 +80,31 @@ class MARS(HiddenMatricesAndAdamW):
     def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                shards: sharding.Shards | None) -> None:
         if group["hidden_matrix"]:  # AdamW on the corrected gradient c, with MARS's lr, betas and decay
-            c = self._corrected(grad, state["last_grad"], group, index, skip, shards)
+            c, clip = self._corrected(grad, state["last_grad"], group, index, skip, shards)
             self.adamw_step(p, c, state, lr=group["lr"], betas=group["betas"], weight_decay=group["weight_decay"],
-                            eps=group["eps"], skip=skip)
+                            eps=group["eps"], skip=skip, grad_scale=clip)
         else:
             self.adamw_part(p, grad, state, group, group["adamw_betas"], skip)
 
     def _corrected(self, grad: Tensor, last_grad: Tensor, group: dict, index: int, skip: Tensor | None,
-                   shards: sharding.Shards | None) -> Tensor:
-        """c, clipped to l2 norm 1; ``last_grad`` becomes ``grad`` (but on a step flagged by ``skip``)."""
+                   shards: sharding.Shards | None) -> tuple[Tensor, Tensor | None]:
+        """(c in the gradient's storage, the divisor that clips it to l2 norm 1 or None where c is
+        clipped already); ``last_grad`` becomes ``grad`` (but on a step flagged by ``skip``)."""
         beta1 = group["betas"][0]
-        c = (grad - last_grad).mul_(group["gamma"] * (beta1 / (1 - beta1))).add_(grad)
-        norm = torch.linalg.vector_norm(c)
-        if shards is not None:  # (FSDP2: this rank's rows; the whole matrix's norm from the ranks' squares)
-            norm = sharding.total(norm.square(), shards).sqrt()
-        c.div_(norm.clamp(min=1.0))  # c / ||c|| where ||c|| > 1, c itself (bitwise) elsewhere
-        last_grad.copy_(grad if skip is None else torch.where(skip == 0, grad, last_grad))
+        ops = self.implementation(group, grad, last_grad, shards=shards)
+        squares = ops.mars_correction(grad, last_grad, scale=group["gamma"] * (beta1 / (1 - beta1)), skip=skip)
+        # (FSDP2: this rank's rows; the whole matrix's norm from the ranks' squares)
+        norm = sharding.total(squares, shards).sqrt()
         if self.diagnostics_requested:
             self.record_diagnostics(group, index, correction_norm=norm, correction_clipped=norm > 1)
-        return c
+        # c / ||c|| where ||c|| > 1, c itself (bitwise) elsewhere. The AdamW kernel divides by it as it reads c
+        # (its grad_scale, float32: a sweep less, bitwise the division for float32 c), but in float64.
+        divisor = norm.clamp(min=1.0)
+        if grad.dtype == torch.float64:
+            return grad.div_(divisor), None
+        return grad, divisor.float()
 
     def backends(self) -> dict[str, str]:
-        return {f"group{i}": "torch (MARS, fused AdamW kernel)" if group["hidden_matrix"] else "torch (AdamW, fused)"
-                for i, group in enumerate(self.param_groups)}
+        corrections = super().backends()  # who runs mars_correction: "cpp", "triton x4, torch x1", ...
+        return {key: f"{corrections[key]} (MARS's correction), torch (fused AdamW)" if group["hidden_matrix"]
+                else "torch (AdamW, fused)" for key, group in zip(corrections, self.param_groups)}

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .backends import reference
+from .backends import common, reference
 
 
 def _dtensor(t: Tensor) -> bool:
@@ -145,6 +145,12 @@ class _Completed:
     def schedulefree_step(self, y: Tensor, *tensors: Tensor, **options) -> None:
         if y.numel():
             self.ops.schedulefree_step(y, *tensors, **options)
+
+    def mars_correction(self, g: Tensor, *tensors: Tensor, **options) -> Tensor:
+        # The local rows' sum of c^2: the optimizer sums the ranks' (sharding.total).
+        if g.numel():
+            return self.ops.mars_correction(g, *tensors, **options)
+        return torch.zeros((), dtype=common.compute_dtype(g.dtype), device=g.device)
 
     def _whole_norms(self, partials: Tensor, l2: bool) -> Tensor:
         """Norms from the ranks' partials: max of maxima, or the root of the summed squares."""

@@ -97,10 +97,11 @@ def _max_diff(ours, theirs):
     return np.abs(ours.detach().numpy() - theirs).max()
 
 
-def test_matches_naive_reference_and_records_c_s_norm():
+def test_matches_naive_reference_and_records_c_s_norm(backend):
     p0, grads = _data()
     params = [nn.Parameter(t.clone()) for t in p0]
-    opt, refs = _ours(params), _naive(p0)
+    opt, refs = _ours(params, backend=backend), _naive(p0)
+    assert opt.backends()["group0"].startswith(f"{backend} (MARS's correction)")
     clipped = []
     for step, gs in enumerate(grads):
         for group in opt.param_groups:

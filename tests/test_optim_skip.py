@@ -37,7 +37,7 @@ def _params(seed: int = 0) -> list[torch.nn.Parameter]:
 def _optimizer(case: str, params, backend: str):
     options = dict(CASES[case])
     name = {"lamb_bias_correction": "lamb", "maxlamb": "merit"}.get(case, case)
-    if name in ("adamw", "muon", "mars"):
+    if name in ("adamw", "muon"):
         backend = "auto"  # torch's own kernels
     if name in ("muon", "mars"):  # (which tensors are the hidden matrices, as the shared builder marks them)
         params = [{"params": [p for p in params if p.ndim == 2], "hidden_matrix": True},
@@ -69,7 +69,7 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(case, backend):
-    if case in ("adamw", "muon", "mars", "soap") and backend != "torch":
+    if case in ("adamw", "muon", "soap") and backend != "torch":
         pytest.skip(f"{case} runs torch's kernels whatever the backend")
     params, twin = _params(), _params()
     opt, plain = _optimizer(case, params, backend), _optimizer(case, twin, backend)

@@ -15,7 +15,7 @@ from torch import nn
 
 import optim
 from helpers import ROOT, require_backend
-from optim import LAMB, MERIT, AdamWScheduleFree, AdEMAMix, Lion, SophiaG, backends
+from optim import LAMB, MARS, MERIT, AdamWScheduleFree, AdEMAMix, Lion, SophiaG, backends
 from optim.backends import reference, triton
 
 # Compiles the recorded configurations (argv[1], JSON) for sm_90, as Triton does before a launch
@@ -85,6 +85,8 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                lambda ps: AdEMAMix(ps, lr=0.1, alpha_warmup=0, beta3_warmup=0, **on),
                lambda ps: AdamWScheduleFree(ps, lr=0.1, weight_decay=0.1, **on),
                lambda ps: AdamWScheduleFree(ps, lr=0.1, **on)]
+    makers += [lambda ps: MARS([{"params": ps[:1], "hidden_matrix": True}, {"params": ps[1:], "hidden_matrix": False}],
+                               lr=0.1, weight_decay=0.1, **on)]  # (its correction: the vector takes torch's AdamW)
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         for make in makers:
             params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
@@ -106,7 +108,7 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                              eps=1e-8, skip=torch.tensor(False))
     configs = list(launches.values())
     assert {c["kernel"] for c in configs} == {"moments_and_norms", "trust_ratios", "apply_update", "lion_step",
-                                              "sophia_step", "ademamix_step", "schedulefree_step"}
+                                              "sophia_step", "ademamix_step", "schedulefree_step", "mars_correction"}
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compile every one, here

@@ -25,6 +25,11 @@ fused operations that sweep each tensor once or twice (docs/optimizers.md, "Impl
   u = g / (sqrt(v / bias_correction2) + eps) + wd*y; y = lerp(y, z, ckp1) + y_lr*u; z -= lr*u``, in
   ``schedulefree.AdamWScheduleFree.step``'s order; the optimizer computes lr, ckp1, y_lr and the bias
   correction. May consume the gradient (the torch reference builds u in its storage, as the package does).
+* ``mars_correction`` (MARS-AdamW's variance-reduced gradient, before torch's fused AdamW takes it):
+  ``c = g + scale*(g - g_prev)`` (``(g - g_prev)*scale`` rounded, then added to g) INTO THE
+  GRADIENT'S STORAGE, ``g_prev = g`` (the gradient as it came); returns the sum of c^2 (0-d, float32;
+  float64 for float64 tensors), from which the optimizer takes ||c|| and clips c. Under ``skip``, c
+  is computed all the same (AdamW's own flag drops it) and g_prev kept.
 
 Each takes an optional ``skip``: a 0-d tensor on the tensors' device (torch's ``found_inf``);
 where it is nonzero the operation leaves p and its state as they were (the gradient, consumed,
@@ -92,6 +97,8 @@ class Backend(Protocol):
     def schedulefree_step(self, y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, y_lr: float, ckp1: float,
                           wd: float, beta2: float, bias_correction2: float, eps: float,
                           skip: Tensor | None = None) -> None: ...
+
+    def mars_correction(self, g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor: ...
 
 
 def check_setting(setting: str) -> None:

@@ -2,14 +2,16 @@
 
 One extension holds them all: the two passes of the trust-ratio optimizers
 (``csrc/trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``csrc/sign.cpp``) and those
-of AdEMAMix and Schedule-Free AdamW (``csrc/adam_family.cpp``); ``csrc/common.h`` is what they share.
+of AdEMAMix and Schedule-Free AdamW, with MARS's correction (``csrc/adam_family.cpp``);
+``csrc/common.h`` is what they share.
 ``load`` builds it with ``torch.utils.cpp_extension.load`` into torch's extensions directory
 (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) the first time, and loads it
 from there afterwards; torch's build lock there makes concurrent ranks wait for one build. It is
 called by ``optim.backends.prepare`` when an optimizer is created, never as a side effect of a
 step. The kernels compute what optim/backends/reference.py computes (up to rounding: float32
 sums in another order), in float32 (float64 for float64 tensors). A ``skip`` flag is read on the
-host (it is a CPU tensor like theirs: no device to wait for) and skips the kernel.
+host (it is a CPU tensor like theirs: no device to wait for) and skips the kernel (MARS's
+correction, whose c AdamW's own flag then drops, runs but keeps g_prev).
 """
 import functools
 import math
@@ -132,6 +134,10 @@ def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, 
                       beta2: float, bias_correction2: float, eps: float, skip: Tensor | None = None) -> None:
     if not _skipped(skip):
         torch.ops.nanomerit.schedulefree_step(y, g, z, v, lr, y_lr, ckp1, wd, beta2, bias_correction2, eps)
+
+
+def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor:
+    return torch.ops.nanomerit.mars_correction(g, g_prev, scale, not _skipped(skip))  # (c is computed anyway)
 
 
 def _skipped(skip: Tensor | None) -> bool:

@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor
 
+from . import common
+
 NAME = "torch"
 TAKES = "any tensors"
 _scratch_buffers: dict[tuple[torch.device, torch.dtype], Tensor] = {}
@@ -136,6 +138,18 @@ def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, 
     z_new.sub_(u, alpha=lr)                            # z = z - lr*u
     for t, new in ((v, v_new), (y, y_new), (z, z_new)):
         _commit(t, new, skip)
+
+
+def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor:
+    # c = g + scale*(g - g_prev) in MARS's torch order, each product and sum rounded on its own;
+    # c is built in the gradient's storage (consumed), g_prev = g copied before it.
+    d = torch.sub(g, g_prev, out=_scratch(g)).mul_(scale)
+    if skip is None:
+        g_prev.copy_(g)
+    else:
+        _commit(g_prev, g, skip)
+    c = g.add_(d)
+    return torch.linalg.vector_norm(c, dtype=common.compute_dtype(c.dtype)).square()  # the sum of c^2
 
 
 def skipped_ratios(p: Tensor, reduce: str) -> tuple[Tensor, ...]:

@@ -188,6 +188,14 @@ def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, 
             COMPUTE=_compute(y.dtype), BLOCK=_STEP_BLOCK)
 
 
+def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor:
+    programs = -(-g.numel() // _STEP_BLOCK)
+    partials = torch.empty(programs, dtype=common.compute_dtype(g.dtype), device=g.device)  # each program's c^2
+    _launch(_kernels().mars_correction, (programs,), g, g_prev, partials, _flag(skip, g), g.numel(), scale,
+            SKIPS=skip is not None, COMPUTE=_compute(g.dtype), BLOCK=_STEP_BLOCK)
+    return partials.sum()
+
+
 def _flag(skip: Tensor | None, p: Tensor) -> Tensor:
     """The kernels' ``skip_ptr``: the flag as float32 on p's device (p itself, unread, without one)."""
     return p if skip is None else skip.to(device=p.device, dtype=torch.float32)

@@ -2,13 +2,13 @@
 
 They compute what the C++ kernels of ``csrc/`` compute, with the same roundings, so the torch
 reference (optim/backends/reference.py) is the reference for both: MERIT's and LAMB's two passes with a
-small kernel between them that turns the reduced norms into trust ratios, and the one-sweep steps
-of Lion, Sophia-G, AdEMAMix and Schedule-Free AdamW. Elements are computed in float32 (float64 for
-float64 tensors); where a reference rounds an intermediate to bfloat16, ``_round`` rounds it to
-nearest even with integer operations, because Triton's CPU interpreter (how the tests run these
-kernels without a GPU) truncates in its float conversions. The launcher disables FMA
-contraction, and division and square root are the IEEE ones (``_div``, ``_sqrt``), so the
-interpreter and a GPU compute the same bits.
+small kernel between them that turns the reduced norms into trust ratios, the one-sweep steps
+of Lion, Sophia-G, AdEMAMix and Schedule-Free AdamW, and MARS's correction of the gradient.
+Elements are computed in float32 (float64 for float64 tensors); where a reference rounds an
+intermediate to bfloat16, ``_round`` rounds it to nearest even with integer operations, because
+Triton's CPU interpreter (how the tests run these kernels without a GPU) truncates in its float
+conversions. The launcher disables FMA contraction, and division and square root are the IEEE
+ones (``_div``, ``_sqrt``), so the interpreter and a GPU compute the same bits.
 
 Tensors are contiguous and seen as (n_rows, n_cols) row-major matrices; a tensor whose norm is
 taken as a whole is its flat elements cut into rows, the last one masked by ``numel``. Offsets
@@ -307,3 +307,20 @@ def schedulefree_step(y_ptr, g_ptr, z_ptr, v_ptr, skip_ptr, numel, b2: tl.float6
     tl.store(y_ptr + offs, _round(_round(_lerp(y, z, ckp1), dtype) + y_lr * u, dtype).to(dtype), mask=kept)
     tl.store(z_ptr + offs, _round(z + neg_lr * u, dtype).to(dtype), mask=kept)
     tl.store(v_ptr + offs, v.to(dtype), mask=kept)
+
+
+@triton.jit
+def mars_correction(g_ptr, g_prev_ptr, partials_ptr, skip_ptr, numel, scale: tl.float64, SKIPS: tl.constexpr,
+                    COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
+    """MARS's correction: c = g + (g - g_prev)*scale into g; g_prev = g (the gradient as it came);
+    the program's sum of c^2 into partials[program] (the caller sums them: no atomics, so the sum
+    comes out the same on every run)."""
+    dtype = g_ptr.dtype.element_ty
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    c = _round(g + _round(_round(g - _load(g_prev_ptr, offs, mask, COMPUTE), dtype) * _scalar(scale, COMPUTE),
+                          dtype), dtype)
+    tl.store(g_prev_ptr + offs, g.to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
+    tl.store(g_ptr + offs, c.to(dtype), mask=mask)
+    tl.store(partials_ptr + tl.program_id(0), tl.sum(c * c, axis=0))  # (masked elements: c = 0)

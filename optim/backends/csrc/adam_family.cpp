@@ -1,16 +1,21 @@
 // The one-sweep steps of the Adam-family optimizers with extra state (AdEMAMix, Schedule-Free
 // AdamW, whose parameter is y) on CPU tensors: read p, g and the state once, write p and the
-// state once; nothing else touches memory. optim/ademamix.py and optim/schedulefree.py document the rules;
+// state once; nothing else touches memory. And MARS's correction of the gradient, one sweep
+// before torch's fused AdamW. optim/ademamix.py, optim/schedulefree.py and optim/mars.py document the rules;
 // optim/backends/reference.py is the torch reference these kernels are tested against, computed
 // in the same order, and every intermediate is rounded to the storage dtype where the reference
 // rounds it (bfloat16), so the two agree to float rounding.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "common.h"
 
@@ -115,6 +120,50 @@ void schedulefree_step(at::Tensor y, const at::Tensor& g, at::Tensor z, at::Tens
   });
 }
 
+// Elements [0, n) of MARS's correction, in the reference's order: c = g + round(round(g - g_prev) * scale)
+// into g's storage, g_prev = g (the gradient as it came) if Keeps; returns the sum of c^2.
+template <bool Keeps, typename scalar_t, typename acc_t, typename op_t, typename raw>
+acc_t mars_span(raw* __restrict G, raw* __restrict G_prev, int64_t n, op_t scale) {
+  using S = Storage<scalar_t>;
+  acc_t squares = 0;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t j = 0; j < n; ++j) {
+    const raw g = G[j];
+    const op_t gj = S::load(g);
+    const op_t c = S::round(gj + S::round(S::round(gj - S::load(G_prev[j])) * scale));
+    if constexpr (Keeps) G_prev[j] = g;
+    G[j] = S::store(c);
+    squares += acc_t(c) * acc_t(c);
+  }
+  return squares;
+}
+
+// The sum of squares is taken per span in acc_t (double; float for bfloat16, which GCC does not
+// vectorise when converted on to double), over the whole tensor in double, as trust_ratio.cpp's l2 norms.
+at::Tensor mars_correction(at::Tensor g, at::Tensor g_prev, double scale, bool keep) {
+  for (const at::Tensor& t : {g, g_prev}) check_like(g, t);
+  at::Tensor total;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, g.scalar_type(), "mars_correction", [&] {
+    using op_t = typename Storage<scalar_t>::op_t;
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, c10::BFloat16>, float, double>;
+    auto G = raw_ptr<scalar_t>(g), G_prev = raw_ptr<scalar_t>(g_prev);
+    std::vector<double> partial(at::get_num_threads(), 0);
+    at::parallel_for(0, g.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      double mine = 0;
+      for (int64_t b = begin; b < end; b += kSpan) {
+        const int64_t n = std::min(kSpan, end - b);
+        mine += keep ? mars_span<true, scalar_t, acc_t>(G + b, G_prev + b, n, op_t(scale))
+                     : mars_span<false, scalar_t, acc_t>(G + b, G_prev + b, n, op_t(scale));
+      }
+      partial[at::get_thread_num()] += mine;
+    });
+    double sum = 0;
+    for (double part : partial) sum += part;
+    total = at::scalar_tensor(op_t(sum), g.options().dtype(c10::CppTypeToScalarType<op_t>::value));
+  });
+  return total;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nanomerit, lib) {
@@ -123,9 +172,11 @@ TORCH_LIBRARY_FRAGMENT(nanomerit, lib) {
           "float eps) -> ()");
   lib.def("schedulefree_step(Tensor(a!) y, Tensor g, Tensor(b!) z, Tensor(c!) v, float lr, float y_lr, "
           "float ckp1, float wd, float beta2, float bias_correction2, float eps) -> ()");
+  lib.def("mars_correction(Tensor(a!) g, Tensor(b!) g_prev, float scale, bool keep) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nanomerit, CPU, lib) {
   lib.impl("ademamix_step", &ademamix_step);
   lib.impl("schedulefree_step", &schedulefree_step);
+  lib.impl("mars_correction", &mars_correction);
 }

@@ -50,5 +50,6 @@ inline T lerp(T a, T b, T w) {
 }
 
 constexpr int64_t kGrain = 1 << 15;  // elements per task, below which one thread does it all
+constexpr int64_t kSpan = 1 << 14;   // elements per span of a flat sum: short float sums
 
 }  // namespace

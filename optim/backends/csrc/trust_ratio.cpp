@@ -134,7 +134,6 @@ struct Pass1 {
   }
 };
 
-constexpr int64_t kSpan = 1 << 14;   // elements per span of a flat sweep: short float sums
 constexpr int64_t kBlock = 1 << 16;  // elements per block of pass 2 (float counts: < 2^24)
 
 // ratio(N(p), N(u)) from two accumulators, exactly as the reference computes it in p's dtype:
