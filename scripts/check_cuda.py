@@ -4,8 +4,8 @@
     python -m scripts.check_cuda --device cpu --quick   # the same code on the CPU: Triton's
                                                         # interpreter, small shapes (a test runs this)
 
-1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion, Sophia-G, AdEMAMix and Schedule-Free
-   AdamW take 20 steps (4 with --quick) on their Triton kernels (optim_backend "triton") and, from the same
+1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion, Sophia-G, AdEMAMix, Schedule-Free
+   AdamW and MARS take 20 steps (4 with --quick) on their Triton kernels (optim_backend "triton") and, from the same
    start, on the torch reference ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and
    bf16. Every other step goes through ``step_unless`` with a zero found_inf flag on the device
    (nonfinite="skip"'s path; but for LAMB's bias_correction and AdEMAMix, which read their step counters,
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from optim import LAMB, MERIT, AdEMAMix, AdamWScheduleFree, Lion, SophiaG
+from optim import LAMB, MARS, MERIT, AdEMAMix, AdamWScheduleFree, Lion, SophiaG
 from training.metrics import peak_bf16_flops
 
 # Each maker takes (params, backend).
@@ -52,6 +52,10 @@ OPTIMIZERS = {
     "ademamix": lambda ps, b: AdEMAMix(ps, lr=1e-3, weight_decay=0.1, alpha=8.0, beta3=0.999, alpha_warmup=8,
                                        beta3_warmup=8, backend=b),
     "adamw schedulefree": lambda ps, b: AdamWScheduleFree(ps, lr=1e-3, weight_decay=0.1, backend=b),
+    # (its matrices' correction is the fused operation; AdamW is torch's kernel on both backends)
+    "mars": lambda ps, b: MARS([{"params": [p for p in ps if p.ndim == 2], "hidden_matrix": True},
+                                {"params": [p for p in ps if p.ndim != 2], "hidden_matrix": False}],
+                               lr=3e-3, weight_decay=0.1, backend=b),
 }
 HOST_READS = ("lamb bias correction", "ademamix", "adamw schedulefree")  # (a step counter or the flag: not flagged)
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs the torch reference

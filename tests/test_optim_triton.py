@@ -155,7 +155,7 @@ def test_check_cuda_script_runs_its_checks_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     optimizer_checks = [line for line in lines if line.startswith("PASS  optimizer ")]
-    assert len(optimizer_checks) == 2 * 11  # fp32 and bf16 for each optimizer and ablation
+    assert len(optimizer_checks) == 2 * 12  # fp32 and bf16 for each optimizer and ablation
     assert any(line.startswith("PASS  model eager bf16 train step") for line in lines)
     assert lines[-1] == "all checks passed"
     written = json.loads(out.read_text())
