@@ -167,10 +167,11 @@ def test_diagnostics_are_the_update_s_rms_and_the_orthogonalised_spectrum():
     assert got[f"update_rms/{hidden[0]}"] == pytest.approx(0.2, rel=0.3)  # Moonlight's rule: AdamW's RMS
 
 
-def test_state_dict_round_trip_continues_bitwise():
+@pytest.mark.parametrize("name", ["muon", "dmuon", "mars"])  # (the hybrids of optim/hybrid.py)
+def test_state_dict_round_trip_continues_bitwise(name):
     straight_model, split_model = tiny_gpt(), tiny_gpt()
-    straight = optim.build("muon", straight_model, lr=0.02, weight_decay=0.1)
-    split = optim.build("muon", split_model, lr=0.02, weight_decay=0.1)
+    straight = optim.build(name, straight_model, lr=0.02, weight_decay=0.1)
+    split = optim.build(name, split_model, lr=0.02, weight_decay=0.1)
     gen = torch.Generator().manual_seed(3)
     batches = [tuple(torch.randint(0, 32, (2, 8), generator=gen) for _ in range(2)) for _ in range(6)]
 
@@ -184,7 +185,7 @@ def test_state_dict_round_trip_continues_bitwise():
     saved, weights = copy.deepcopy(split.state_dict()), copy.deepcopy(split_model.state_dict())
     resumed_model = tiny_gpt()
     resumed_model.load_state_dict(weights)
-    resumed = optim.build("muon", resumed_model, lr=0.02, weight_decay=0.1)
+    resumed = optim.build(name, resumed_model, lr=0.02, weight_decay=0.1)
     resumed.load_state_dict(saved)
     run(resumed_model, resumed, batches[3:])
     for (name, a), b in zip(straight_model.named_parameters(), resumed_model.parameters()):

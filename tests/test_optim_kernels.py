@@ -78,6 +78,19 @@ def _call(module, op: str, tensors: dict[str, torch.Tensor], scalars: dict, skip
     getattr(module, f"{op}_step")(*tensors.values(), **scalars, skip=skip)
 
 
+# Longer than the C++ kernels' share per thread and than a SIMD width, with a tail; for Triton's
+# interpreter (slow), a few of its blocks and a masked tail.
+SHAPES = {"cpp": [(67, 45), (70001,), (5,)], "triton": [(67, 45), (5,)]}
+
+
+def _loaded(kernel: str):
+    """The kernel backend ``kernel``, loaded (the test skipped where it cannot run here)."""
+    require_backend(kernel)
+    module = backends.BY_NAME[kernel]
+    module.load(required=True)
+    return module
+
+
 def _cloned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in tensors.items()}
 
@@ -86,13 +99,9 @@ def _cloned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kernel", ["cpp", pytest.param("triton", marks=pytest.mark.slow)])  # (the interpreter)
 def test_kernels_match_the_torch_reference(kernel, op, dtype):
-    require_backend(kernel)
-    module = backends.BY_NAME[kernel]
-    module.load(required=True)
+    module = _loaded(kernel)
     gen = torch.Generator().manual_seed(0)
-    # Longer than the C++ kernels' share per thread and than a SIMD width, with a tail; for Triton's
-    # interpreter (slow), a few of its blocks and a masked tail.
-    shapes = [(67, 45), (70001,), (5,)] if kernel == "cpp" else [(67, 45), (5,)]
+    shapes = SHAPES[kernel]
     differ = total = 0
     for shape in shapes:
         tensors = _tensors(op, shape, dtype, gen)
@@ -115,9 +124,7 @@ def test_kernels_match_the_torch_reference(kernel, op, dtype):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kernel", ["cpp", "triton"])
 def test_a_set_skip_flag_writes_nothing_and_a_clear_one_is_the_plain_call(kernel, op):
-    require_backend(kernel)
-    module = backends.BY_NAME[kernel]
-    module.load(required=True)
+    module = _loaded(kernel)
     tensors = _tensors(op, (3, 7), torch.float32, torch.Generator().manual_seed(1))
     scalars = OPS[op][1][0]
     flagged = _cloned(tensors)
@@ -184,11 +191,9 @@ def _mars(module, tensors: dict[str, torch.Tensor], scale: float, skip: torch.Te
 @pytest.mark.parametrize("kernel", ["cpp", pytest.param("triton", marks=pytest.mark.slow)])  # (the interpreter)
 def test_mars_correction_kernels_match_the_torch_reference(kernel, dtype):
     """c (in g's storage) and g_prev as the reference rounds them; the sum of c^2 up to summation order."""
-    require_backend(kernel)
-    module = backends.BY_NAME[kernel]
-    module.load(required=True)
+    module = _loaded(kernel)
     gen = torch.Generator().manual_seed(4)
-    shapes = [(67, 45), (70001,), (5,)] if kernel == "cpp" else [(67, 45), (5,)]
+    shapes = SHAPES[kernel]
     differ = total = 0
     for shape in shapes:
         for scale in MARS_SCALES:
@@ -211,9 +216,7 @@ def test_mars_correction_kernels_match_the_torch_reference(kernel, dtype):
 
 @pytest.mark.parametrize("kernel", ["cpp", "triton"])
 def test_mars_correction_under_a_set_skip_flag_keeps_g_prev_and_a_clear_one_is_the_plain_call(kernel):
-    require_backend(kernel)
-    module = backends.BY_NAME[kernel]
-    module.load(required=True)
+    module = _loaded(kernel)
     tensors = _mars_tensors((3, 7), torch.float32, torch.Generator().manual_seed(5))
     plain, flagged, cleared = _cloned(tensors), _cloned(tensors), _cloned(tensors)
     plain_sum = _mars(module, plain, MARS_SCALES[0])
