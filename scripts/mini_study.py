@@ -24,7 +24,7 @@ with QK-Clip (``EXTRAS``). Each point's lr is found before its seeds are run:
 ``BENCHMARK``: AdEMAMix, MARS, SOAP, Schedule-Free AdamW, D-Muon), written to its own folder
 (default runs/mini_study_benchmark), where the records of AdamW, MERIT and Muon are unpacked from
 the paper preset's committed archive (``BESIDE``), so that its report, figures and archive place the
-five against them. Its grid centres are not a pilot's: each is the lr its nearest relative selected
+five against them (its archive refers to those records in the paper's instead of copying them). Its grid centres are not a pilot's: each is the lr its nearest relative selected
 here (AdamW's for the Adam family, Muon's for D-Muon), and the grid grows where that was wrong.
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
@@ -230,7 +230,7 @@ def main(argv=None) -> None:
     print(tables, end="")
     draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
     if args.archive:
-        pack_runs(runs, out, args.archive)
+        pack_runs(runs, out, args.archive, beside=(ARCHIVE, beside) if beside else None)
     minutes = (time.perf_counter() - start) / 60
     # A run that diverges (nonfinite="stop" ends it) is a result of the study, not a failure of it:
     # the report lists it, and a rerun tries it again.

@@ -22,6 +22,7 @@ import functools
 import io
 import json
 import math
+import os
 import statistics
 import sys
 import tarfile
@@ -325,6 +326,8 @@ def is_branch(run: Run) -> bool:
 
 # What a run folder holds that the study reads: all an archive of runs keeps.
 RUN_FILES = ("config.json", "metrics.jsonl", "hessian.json")
+# The member of an archive that takes runs from another archive beside it (pack_runs' ``beside``).
+BESIDE = "beside.json"
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -348,24 +351,45 @@ def _run(folder: Path, files: dict[str, str]) -> Run:
                json.loads(hessian) if hessian else None)
 
 
-def _archived_runs(archive: Path) -> list[Run]:
+def _archived_runs(archive: Path, folders: tuple[str, ...] | None = None) -> list[Run]:
+    """The runs packed in ``archive`` (those under the top ``folders`` only, if given), and those
+    its BESIDE member takes from the archive it names, each as if packed in this one."""
     files: dict[str, dict[str, str]] = {}
+    beside = None
     with tarfile.open(archive, "r:xz") as tar:
         for member in tar.getmembers():
             folder, _, name = member.name.rpartition("/")
-            if member.isfile() and name in RUN_FILES:
+            if member.name == BESIDE:
+                beside = json.loads(tar.extractfile(member).read())
+            elif member.isfile() and name in RUN_FILES and (folders is None or folder.split("/")[0] in folders):
                 files.setdefault(folder, {})[name] = tar.extractfile(member).read().decode()
-    return [_run(archive / folder, found) for folder, found in sorted(files.items())
+    runs = [_run(archive / folder, found) for folder, found in sorted(files.items())
             if {"config.json", "metrics.jsonl"} <= found.keys()]
+    if beside:
+        other = archive.parent / beside["archive"]
+        runs += [dataclasses.replace(run, folder=archive / run.folder.relative_to(other))
+                 for run in _archived_runs(other, tuple(beside["folders"]))]
+    return sorted(runs, key=lambda r: str(r.folder))
 
 
-def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str, ...] | None = None) -> None:
+def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str, ...] | None = None,
+              beside: tuple[Path, tuple[str, ...]] | None = None) -> None:
     """Pack what the study reads of ``runs`` (each folder's RUN_FILES, as found under ``root``)
     into the xz-compressed tar ``archive``, byte for byte the same for the same runs (sorted
     members, no times or owners): ``find_runs([archive])`` reads them back. ``branch_keys``: a
-    branch's metrics cut to these keys (its records with a step)."""
+    branch's metrics cut to these keys (its records with a step). ``beside``: (another archive, top
+    folders): the runs under those folders are not packed but read from that archive, where they
+    are (a BESIDE member names it, relative to this one), so no record is committed twice."""
     buffer = io.BytesIO()
+    if beside:
+        runs = [r for r in runs if r.folder.relative_to(root).parts[0] not in beside[1]]
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=9) as tar:
+        if beside:
+            where = os.path.relpath(Path(beside[0]).resolve(), Path(archive).resolve().parent)
+            data = json.dumps({"archive": where, "folders": list(beside[1])}).encode()
+            info = tarfile.TarInfo(BESIDE)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
         for run in sorted(runs, key=lambda r: str(r.folder)):
             for name in RUN_FILES:
                 path = run.folder / name

@@ -4,6 +4,7 @@ the archive they are drawn from again."""
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -71,6 +72,8 @@ def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_re
     assert records(runs, archive, ("adamw", "merit", "muon")) == records(find_runs([paper]), paper,
                                                                           ("adamw", "merit", "muon"))
     assert len(runs) == len(trained) + len(records(runs, archive, ("adamw", "merit", "muon")))
+    with tarfile.open(archive) as tar:  # (read from the paper's archive, not copied into this one)
+        assert {name.split("/")[0] for name in tar.getnames()} == {"adamw_schedulefree", "beside.json"}
     text = (out / "report.md").read_text()
     assert report(runs, None, "val/loss", "heldout/loss") == text
     assert "| adamw_schedulefree, " in text and "| merit, " in text and "| muon, " in text
