@@ -27,6 +27,7 @@ import torch
 
 import optim
 from optim.muon import default_ns_dtype, matrix_rows, newton_schulz
+from training.memory import optimizer_state_bytes, tensor_bytes
 
 try:
     from tqdm import tqdm
@@ -114,9 +115,10 @@ def newton_schulz_of(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]
 
 
 def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmup: int,
-          backend: str = "auto") -> tuple[float, float, float, float | None]:
+          backend: str = "auto") -> tuple[float, float, float, float | None, float]:
     """(median ms of ``name``, median ms of the interleaved fused AdamW, median per-step ratio,
-    Muon's median ms in Newton-Schulz or None)."""
+    Muon's median ms in Newton-Schulz or None, bytes of ``name``'s optimizer state per byte of
+    parameters after the steps)."""
     gen = torch.Generator(device).manual_seed(1)
     grads = [torch.randn(s, generator=gen, device=device, dtype=dtype) for s in SHAPES]
     runs = []
@@ -130,21 +132,11 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, steps: int, warmu
         for params, opt, times in runs:
             set_grads(params, grads)
             timed(opt.step, device, times if i >= warmup else None)
-    (_, _, base), (_, _, ours) = runs
+    (_, _, base), (params, optimizer, ours) = runs
     ratio = statistics.median(t / b for t, b in zip(ours, base))
     newton_schulz_ms = 1e3 * statistics.median(extra[0][2]) if extra else None
-    return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio, newton_schulz_ms
-
-
-def state_per_param_byte(name: str, device: torch.device, dtype: torch.dtype, backend: str = "auto") -> float:
-    """Bytes of ``name``'s state (every tensor in ``optimizer.state`` after one step) per byte of
-    the parameters."""
-    params, groups = make_params(device, dtype)
-    optimizer = make_optimizer(name, groups, backend)
-    set_grads(params, [torch.randn_like(p) for p in params])
-    optimizer.step()
-    state = sum(t.nbytes for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
-    return state / sum(p.nbytes for p in params)
+    state = optimizer_state_bytes(optimizer) / tensor_bytes(params)
+    return 1e3 * statistics.median(ours), 1e3 * statistics.median(base), ratio, newton_schulz_ms, state
 
 
 def set_grads(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
@@ -246,8 +238,7 @@ def main() -> None:
           f"{args.steps} steps after {args.warmup}")
     print(f"{'optimizer':<20}{'ms/step':>10}{'fused AdamW ms':>16}{'ratio':>8}{'state/params':>14}")
     for name in names:
-        ms, base, ratio, newton_schulz_ms = bench(name, device, dtype, args.steps, args.warmup, args.backend)
-        state = state_per_param_byte(name, device, dtype, args.backend)
+        ms, base, ratio, newton_schulz_ms, state = bench(name, device, dtype, args.steps, args.warmup, args.backend)
         share = (f"   Newton-Schulz {newton_schulz_ms:.1f} ms ({newton_schulz_ms / ms:.0%} of the step)"
                  if newton_schulz_ms is not None else "")
         print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{state:>14.2f}{share}", flush=True)

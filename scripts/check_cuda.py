@@ -129,12 +129,13 @@ def check_speed(device: torch.device) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon", "dmuon", "ademamix", "mars", "soap",
                      "adamw_schedulefree"):
-            ms, base, ratio, newton_schulz_ms = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
+            ms, base, ratio, newton_schulz_ms, state = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
             share = f", Newton-Schulz {newton_schulz_ms:.2f} ms" if newton_schulz_ms is not None else ""
             print(f"      speed {name:<18} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "
                   f"fused AdamW {base:6.2f} ms, ratio {ratio:.2f}{share}", flush=True)
             results[f"optimizer step {name} {str(dtype).removeprefix('torch.')}"] = {
-                "ms": ms, "fused_adamw_ms": base, "ratio": ratio, "newton_schulz_ms": newton_schulz_ms}
+                "ms": ms, "fused_adamw_ms": base, "ratio": ratio, "newton_schulz_ms": newton_schulz_ms,
+                "state_per_parameter_byte": state}
 
 
 # GPT-2 Small as bench_train's overrides of configs/default.py.
