@@ -5,8 +5,8 @@ on 4 ranks resumes on 2 and on 1 and continues exactly as the uninterrupted run.
 Real gloo processes under torchrun. Every rank computes the same global batch's gradient, so
 the comparison isolates the sharding: under FSDP2 rank 0 alone contributes the gradient (its loss
 scaled by the world size, the others' by 0), so the reduce-scatter's sum is exact and the
-gradient is bitwise the one-process gradient on 1, 2 and 4 ranks alike. Each rank also steps an
-unsharded copy in-process (no collectives), the one-process reference."""
+gradient is bitwise the one-process gradient on 1, 2 and 4 ranks alike. The main rank also steps
+an unsharded copy in-process (no collectives), the one-process reference."""
 from __future__ import annotations
 
 import json
@@ -170,11 +170,19 @@ def exact(ctx, mode):
     from training.memory import optimizer_state_bytes, tensor_bytes
     for name, options in CONFIGS:
         model, optimizer, weight = build(name, options, ctx, mode)
-        reference, reference_opt, _ = build(name, options, ctx, "single")
         diagnostics = train(Loop(model, optimizer, weight), 0, STEPS)
-        expected = train(Loop(reference, reference_opt, 1.0), 0, STEPS)
-        for opt in (optimizer, reference_opt):  # the evaluated point (Schedule-Free's x; the weights for the rest)
-            opt.eval()
+        optimizer.eval()  # the evaluated point (Schedule-Free's x; the weights for the rest)
+        # The one-process reference, on the main rank (the others would train the same copy): what it
+        # keeps per element of each parameter (Muon: 1 for a matrix, 2 for the rest) goes to every rank.
+        per_element = [None]
+        if ctx.is_main:
+            reference, reference_opt, _ = build(name, options, ctx, "single")
+            expected = train(Loop(reference, reference_opt, 1.0), 0, STEPS)
+            reference_opt.eval()
+            per_element = [{name: sum(t.numel() * t.element_size() for t in reference_opt.state[p].values() if t.ndim)
+                            / p.numel() for name, p in reference.named_parameters()}]
+        torch.distributed.broadcast_object_list(per_element, src=0)
+        per_element = per_element[0]
         counters = lambda opt: sum(t.nbytes for s in getattr(opt, "optim", opt).state.values()  # noqa: E731
                                    for t in s.values() if t.ndim == 0)
         state = torch.tensor([optimizer_state_bytes(optimizer) - counters(optimizer)])
@@ -186,9 +194,6 @@ def exact(ctx, mode):
             owned = torch.tensor(owned)
             torch.distributed.all_reduce(owned)
             owned = owned.tolist()
-        # What one process keeps per element of each parameter (Muon: 1 for a matrix, 2 for the rest).
-        per_element = {name: sum(t.numel() * t.element_size() for t in reference_opt.state[p].values() if t.ndim)
-                       / p.numel() for name, p in reference.named_parameters()}
         if mode == "zero1":
             names = {id(p): name for name, p in model.named_parameters()}
             held = {names[id(p)]: p.numel() for group in optimizer._partition_parameters()[ctx.rank]
@@ -199,9 +204,9 @@ def exact(ctx, mode):
         states, expected_states = ([torch.zeros_like(state) for _ in range(ctx.world_size)] for _ in range(2))
         torch.distributed.all_gather(states, state)
         torch.distributed.all_gather(expected_states, expected_state)
-        numel = sum(p.numel() for p in reference.parameters())
         result = full(model)
         if ctx.is_main:
+            numel = sum(p.numel() for p in reference.parameters())
             print(json.dumps({
                 "optimizer": name, "options": options, "max_rel": max_rel(result, full(reference)),
                 "diagnostic_keys_equal": sorted(diagnostics) == sorted(expected), "diagnostics": len(expected),
@@ -229,12 +234,12 @@ def save(ctx, folder):
         (folder / name).mkdir(exist_ok=True)  # (the run folder, which the trainer makes)
         save_sharded_in(folder / name, checkpoint, model, optimizer, SAVE_AT, keep=2)
         train(loop, SAVE_AT, STEPS)
-        reference, reference_opt, _ = build(name, options, ctx, "single")
-        train(Loop(reference, reference_opt, 1.0), 0, STEPS)
         result = full(model)
         # SOAP keeps its state whole on every rank (plain tensors); the others shard it as their parameters.
         whole = not any(isinstance(t, DTensor) for state in optimizer.state.values() for t in state.values())
         if ctx.is_main:
+            reference, reference_opt, _ = build(name, options, ctx, "single")
+            train(Loop(reference, reference_opt, 1.0), 0, STEPS)
             torch.save(result, folder / name / "uninterrupted.pt")
             same = all(torch.equal(result[k], v) for k, v in full(reference).items())
             print(json.dumps({"optimizer": name, "matches_unsharded": same, "whole_state": whole}), flush=True)
