@@ -84,12 +84,15 @@ class TrainConfig:
 
     # --- data ---
     data_dir: str = role("experiment", "cache/data/shakespeare-byte")  # shards written by data/prepare.py
-    tokenizer: str = role("experiment", "byte")  # "gpt2" or "byte"; must be the one the shards were made with
+    # "gpt2", "byte", or a Hugging Face tokenizer (a hub name such as "t5-base", or a folder); must be the
+    # one the shards were made with
+    tokenizer: str = role("experiment", "byte")
     # start every train and val sequence at a document (its end-of-text token)
     align_documents: bool = role("experiment", False)
 
     # --- model: a GPTConfig preset, each field overridable (None keeps the preset's value) ---
-    # a shape preset of model.py (PRESETS): "nano", "mini", "gpt2", "gpt2-medium", ...
+    # a shape preset of model.py (PRESETS): "nano", "mini", "gpt2", "gpt2-medium", ..., and the Llama
+    # family's "llama_nano", "llama_130m", "llama_350m"
     model: str = role("experiment", "nano")
     n_layer: int | None = role("experiment", None)  # transformer blocks
     n_head: int | None = role("experiment", None)  # attention heads per block
@@ -101,6 +104,14 @@ class TrainConfig:
     scale_attn_by_inverse_layer_idx: bool | None = role("experiment", None)
     # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
     qk_norm: str | None = role("experiment", None)
+    arch: str | None = role("experiment", None)  # "gpt2" or "llama" (model.py's docstring): a preset's shape, another family
+    intermediate_size: int | None = role("experiment", None)  # the MLP's hidden width (4 x n_embd; Llama 8/3)
+    norm_eps: float | None = role("experiment", None)  # the norms' epsilon (GPT-2 1e-5, Llama 1e-6)
+    rope_theta: float | None = role("experiment", None)  # Llama's rotary base (10,000)
+    # Gemma 2's soft-cap, cap * tanh(x / cap), of the attention logits (Gemma 2: 50.0) and, apart, of the
+    # LM head's logits (30.0): the fifth logit cure beside QK-Norm, z-loss, QK-Clip and MERIT
+    attn_logit_softcap: float | None = role("experiment", None)
+    final_logit_softcap: float | None = role("experiment", None)
     vocab_size: int | None = role("experiment", None)  # None: the tokenizer's vocabulary padded to a multiple of 64
 
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---
@@ -253,7 +264,7 @@ class TrainConfig:
         _check(0.0 <= self.noise_scale_ema < 1.0, f"noise_scale_ema={self.noise_scale_ema} must lie in [0, 1)")
         _check(self.weight_decay is None or self.weight_decay >= 0,
                f"weight_decay={self.weight_decay} must be >= 0 (or unset: the optimizer's published value)")
-        _check(self.tokenizer in ("gpt2", "byte"), f"tokenizer={self.tokenizer!r}: use 'gpt2' or 'byte'")
+        _check(bool(self.tokenizer), "tokenizer='': use 'gpt2', 'byte' or a Hugging Face tokenizer (e.g. 't5-base')")
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
         _check(self.zero_stage in (0, 1), f"zero_stage={self.zero_stage}: use 0 (replicated optimizer state) or 1 "
                f"(ZeRO-1: sharded optimizer state); for sharded parameters and gradients too use fsdp=True")

@@ -137,7 +137,7 @@ class Scorer:
         # The LM head only where a continuation token is predicted: most positions are context.
         where = [(i, p) for i, row in enumerate(batch) for _, predictors in row.requests for p in predictors]
         rows_index, cols_index = (torch.tensor(x, device=self.device) for x in zip(*where))
-        logprobs = F.log_softmax(self.model.lm_head(hidden[rows_index, cols_index]).float(), dim=-1)
+        logprobs = F.log_softmax(self.model.output_logits(hidden[rows_index, cols_index]).float(), dim=-1)
         targets = torch.tensor([t for row in batch for request, _ in row.requests for t in request.continuation],
                                device=self.device)
         token_logprobs = logprobs.gather(1, targets[:, None])[:, 0].tolist()

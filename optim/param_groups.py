@@ -1,8 +1,10 @@
 """The one parameter-group builder every optimizer uses (docs/optimizers.md, "Parameter groups").
 
 As in nanoGPT and the Sophia GPT-2 scripts: weight decay on matrices (Linear weights), none on
-biases, LayerNorm parameters and embeddings unless ``decay_embeddings`` (or ``decay_all``: every
-parameter, as D-Muon's recipe decays them). The tied token-embedding / LM-head matrix appears once.
+biases, norm parameters and embeddings unless ``decay_embeddings`` (or ``decay_all``: every
+parameter, as D-Muon's recipe decays them). The tied token-embedding / LM-head matrix appears once;
+an untied LM head (Llama's) counts as an embedding, as GPT-2's tied one is: no decay by default, and
+never a hidden matrix (Muon's recipe steps the head with AdamW).
 """
 from torch import nn
 
@@ -24,6 +26,9 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     # Embeddings are recognised by identity, not by the name named_parameters() reports: a tied
     # weight is reported under the module that registered it first (maybe the LM head's Linear).
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        embeddings.add(id(head.weight))
     decay = {"params": [], "names": [], "weight_decay": weight_decay}
     no_decay = {"params": [], "names": [], "weight_decay": 0.0}
     decayed_rest = {"params": [], "names": [], "weight_decay": weight_decay}

@@ -45,13 +45,22 @@ def probe_record(model: GPT, batch: Tensor, chunk_size: int = 256) -> dict[str, 
     stats = model.probe(batch, chunk_size)
     max_logit, entropy = stats["max_logit"], stats["attn_entropy"]
     n_layer, n_head = max_logit.shape
+    capped = []  # with a soft-cap, the maxima the softmax saw (per layer; output)
+    if "max_logit_capped" in stats:
+        capped.append(stats["max_logit_capped"].amax(1))
+    if "max_abs_logit_capped" in stats:
+        capped.append(stats["max_abs_logit_capped"].reshape(1))
     values = iter(torch.cat([max_logit.amax(1), max_logit.flatten(), entropy.amin(1), entropy.flatten(),
-                             stats["max_abs_logit"].reshape(1), stats["log_z"].reshape(1)]).tolist())
+                             stats["max_abs_logit"].reshape(1), stats["log_z"].reshape(1), *capped]).tolist())
     record = {}
     for stat in ("max_logit", "attn_entropy"):
         record.update({layer_key(stat, i): next(values) for i in range(n_layer)})
         record.update({layer_key(stat, i, f"head_{h:02d}"): next(values) for i in range(n_layer) for h in range(n_head)})
     record["output/max_abs_logit"], record["output/log_z"] = next(values), next(values)
+    if "max_logit_capped" in stats:
+        record.update({layer_key("max_logit_capped", i): next(values) for i in range(n_layer)})
+    if "max_abs_logit_capped" in stats:
+        record["output/max_abs_logit_capped"] = next(values)
     return record
 
 
@@ -64,16 +73,9 @@ class UpdateStatistics:
     """
 
     def __init__(self, model: GPT):
-        n_embd = model.config.n_embd
         # (layer, matrix name, weight, rows of the weight that are the matrix)
-        self.matrices: list[tuple[int, str, Tensor, slice]] = []
-        for i, block in enumerate(model.transformer.h):
-            fused = block.attn.c_attn.weight  # q, k, v stacked on dim 0
-            for j, name in enumerate(("attn_q", "attn_k", "attn_v")):
-                self.matrices.append((i, name, fused, slice(j * n_embd, (j + 1) * n_embd)))
-            for name, linear in (("attn_proj", block.attn.c_proj), ("mlp_fc", block.mlp.c_fc),
-                                 ("mlp_proj", block.mlp.c_proj)):
-                self.matrices.append((i, name, linear.weight, slice(None)))
+        self.matrices: list[tuple[int, str, Tensor, slice]] = [
+            (i, *matrix) for i, block in enumerate(model.transformer.h) for matrix in block.matrices()]
         self.weights = list({id(w): w for _, _, w, _ in self.matrices}.values())
         # FSDP2 shards the weights by rows: each rank measures its rows, and one all-reduce of the
         # sums (and one of the maxima) completes the statistics, with no weight gathered.

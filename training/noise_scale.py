@@ -40,9 +40,10 @@ Group = list[tuple[Tensor, slice]]
 
 
 def gpt_groups(model) -> dict[str, Group]:
-    """"all" parameters, and "attn_qk": the q and k rows of every block's fused c_attn (weight and bias)."""
-    n_embd = model.config.n_embd
-    qk = [(p, slice(0, 2 * n_embd)) for block in model.transformer.h for p in block.attn.c_attn.parameters()]
+    """"all" parameters, and "attn_qk": the q and k rows of every block (weights and biases; of
+    GPT-2's fused c_attn, Llama's q_proj and k_proj)."""
+    qk = [pair for block in model.transformer.h for name, pairs in block.attn.projection_rows().items()
+          if name in ("q", "k") for pair in pairs]
     return {"all": [(p, slice(None)) for p in model.parameters()], "attn_qk": qk}
 
 

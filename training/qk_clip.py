@@ -4,8 +4,10 @@
 During the step's training forwards every attention layer hands each head's largest causal
 pre-softmax logit q.k * scale to a hook (model.py, ``register_logit_max_hook``); S_max is its maximum
 over the step's micro-batches and the ranks (a MAX all-reduce). After the optimizer step, each head
-with S_max > tau has its query and key rows of ``c_attn`` (weights and biases) scaled by
-sqrt(tau / S_max), so that logit would have been tau; every other weight is untouched. It acts on
+with S_max > tau has its query and key rows (of GPT-2's fused ``c_attn`` or Llama's ``q_proj`` and
+``k_proj``, weights and biases) scaled by sqrt(tau / S_max), so that logit would have been tau; every
+other weight is untouched. Llama's rotary positions rotate each (q, k) pair, which commutes with the
+scaling: its post-rotary logits scale by tau / S_max too. It acts on
 the weights, so it composes with every optimizer and layout: under FSDP2 each rank scales the
 rows it holds. All of it stays on the device: no host sync.
 
@@ -34,7 +36,7 @@ class QKClip(Part):
     def __init__(self, model: GPT, tau: float, ctx: Distributed):
         self.tau, self.ctx = tau, ctx
         self.attentions = [block.attn for block in model.transformer.h]
-        self.n_embd, self.n_head = model.config.n_embd, model.config.n_head
+        self.n_head, self.head_dim = model.config.n_head, model.config.n_embd // model.config.n_head
         self.max_logits: Tensor | None = None  # (n_layer, n_head): the last measured step's S_max
         self._running: list[Tensor] = []  # per layer, while measuring: each head's largest logit so far
         self._handles = []
@@ -52,7 +54,7 @@ class QKClip(Part):
 
     def before_step(self, step: Step | None = None) -> None:
         """Measure from here: every layer's hook keeps each head's largest logit."""
-        device = self.attentions[0].c_attn.weight.device
+        device = self.attentions[0].out_proj.weight.device
         self._running = [torch.full((self.n_head,), float("-inf"), device=device) for _ in self.attentions]
         self._handles = [attention.register_logit_max_hook(partial(self._keep_larger, layer))
                          for layer, attention in enumerate(self.attentions)]
@@ -95,15 +97,16 @@ class QKClip(Part):
         maxima = distributed.all_reduce_max(self.max_logits, self.ctx)
         clipped = kept & maxima.isfinite() & (maxima > self.tau)
         factors = torch.where(clipped, (self.tau / maxima).sqrt(), torch.ones_like(maxima))
-        head_dim = self.n_embd // self.n_head
         for attention, layer_factors in zip(self.attentions, factors):
-            per_row = layer_factors.repeat_interleave(head_dim)
-            rows = torch.cat([per_row, per_row, torch.ones_like(per_row)])  # q, k, v (v untouched)
-            for tensor in (attention.c_attn.weight, attention.c_attn.bias):
-                if tensor is not None:
-                    scaled = rows[_local_rows(tensor)]
-                    part = local(tensor)
-                    part.mul_(scaled.view(-1, *([1] * (part.ndim - 1))).to(part.dtype))
+            per_row = layer_factors.repeat_interleave(self.head_dim)
+            row_factors = {}  # id(tensor) -> (tensor, a factor per row: the q and k rows', else 1)
+            for name in ("q", "k"):
+                for tensor, rows in attention.projection_rows()[name]:
+                    _, whole = row_factors.setdefault(id(tensor), (tensor, per_row.new_ones(tensor.shape[0])))
+                    whole[rows] = per_row
+            for tensor, whole in row_factors.values():
+                part = local(tensor)
+                part.mul_(whole[_local_rows(tensor)].view(-1, *([1] * (part.ndim - 1))).to(part.dtype))
         if record:
             self._record = {"heads_clipped": clipped.sum(dim=1), "min_factor": factors.amin(dim=1),
                             "max_logit": maxima.amax(dim=1)}
