@@ -140,18 +140,20 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotary position embeddings (Su et al. 2021) in Llama's Hugging Face layout: in each head,
     dimension i and i + head_dim/2 form a pair rotated by the angle position * theta^(-2i/head_dim).
-    The angles, cos and sin are computed in float32, as Hugging Face computes them."""
+    The frequencies, angles, cos and sin are computed in float32 (float64 for a float64 model), as
+    Hugging Face computes them in float32."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
 
     def forward(self, positions, dtype):
         """positions (T,) or (B, T) -> (cos, sin), each (1 or B, 1, T, head_dim) in dtype."""
         positions = positions if positions.dim() == 2 else positions.unsqueeze(0)
+        precision = torch.promote_types(dtype, torch.float32)
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            angles = positions[..., None].float() * self.inv_freq.float()
+            exponents = torch.arange(0, self.head_dim, 2, dtype=precision, device=positions.device) / self.head_dim
+            angles = positions[..., None].to(precision) * (1.0 / (self.theta ** exponents))
             angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
             return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -318,8 +320,10 @@ class CausalSelfAttention(nn.Module):
         best = torch.full((H,), float("-inf"), dtype=logit_dtype(q), device=x.device)
         entropy = torch.zeros(H, dtype=best.dtype, device=x.device)
         for logits, future in causal_logit_chunks(q, k, self.scale, chunk_size):
-            best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))
-            log_p = softcap(logits, self.softcap).log_softmax(dim=-1).masked_fill(future, 0.0)  # p log p = 0 at p = 0
+            best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))  # raw: before the cap
+            if self.softcap is not None:  # (the cap of a masked -inf is -cap: masked again)
+                logits = softcap(logits, self.softcap).masked_fill(future, float("-inf"))
+            log_p = logits.log_softmax(dim=-1).masked_fill(future, 0.0)  # p log p = 0 where p = 0
             entropy -= (log_p.exp() * log_p).sum(dim=(0, 2, 3))
         return best, entropy / (B * T)
 

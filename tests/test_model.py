@@ -60,8 +60,9 @@ def qk_normed(t, norm, kind):
     return {None: lambda: t, "layernorm": lambda: layer_norm(t, norm), "rmsnorm": lambda: rms_norm(t, norm)}[kind]()
 
 
-def reference_attention(x, attn, n_head, layer_idx, inverse_layer_scaling, qk_norm=None):
-    """Manual causal softmax attention; returns the output and the full masked (B, H, T, T) logits."""
+def reference_attention(x, attn, n_head, layer_idx, inverse_layer_scaling, qk_norm=None, softcap=None):
+    """Manual causal softmax attention, of the logits soft-capped (cap * tanh(logit / cap)) where softcap
+    is set; returns the output and the full masked (B, H, T, T) raw logits."""
     B, T, C = x.shape
     qkv = linear(x, attn.c_attn)
     q, k, v = (heads(qkv[..., i * C:(i + 1) * C], n_head) for i in range(3))
@@ -70,8 +71,9 @@ def reference_attention(x, attn, n_head, layer_idx, inverse_layer_scaling, qk_no
     if inverse_layer_scaling:
         logits = logits / (layer_idx + 1)
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    capped = logits if softcap is None else softcap * torch.tanh(logits / softcap)
     logits = logits.masked_fill(future, float("-inf"))
-    y = torch.softmax(logits, dim=-1) @ v
+    y = torch.softmax(capped.masked_fill(future, float("-inf")), dim=-1) @ v
     y = y.permute(0, 2, 1, 3).reshape(B, T, C)
     return linear(y, attn.c_proj), logits
 
@@ -107,12 +109,15 @@ def test_forward_matches_reference(qk_norm):
     torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("softcap", [None, 0.5])  # 0.5: below these logits, so the cap binds
 @pytest.mark.parametrize("inverse_layer_scaling", [False, True])
-def test_sdpa_attention_matches_manual_softmax_attention(inverse_layer_scaling):
-    model = tiny_model(scale_attn_by_inverse_layer_idx=inverse_layer_scaling)
+def test_sdpa_attention_matches_manual_softmax_attention(inverse_layer_scaling, softcap):
+    model = tiny_model(scale_attn_by_inverse_layer_idx=inverse_layer_scaling, attn_logit_softcap=softcap)
     x = torch.randn(3, 9, model.config.n_embd, dtype=torch.float64)
     for i, block in enumerate(model.transformer.h):
-        expected, _ = reference_attention(x, block.attn, model.config.n_head, i, inverse_layer_scaling)
+        expected, logits = reference_attention(x, block.attn, model.config.n_head, i, inverse_layer_scaling,
+                                               softcap=softcap)
+        assert softcap is None or logits.max() > 2 * softcap
         torch.testing.assert_close(block.attn(x), expected, rtol=1e-10, atol=1e-10)
 
 
