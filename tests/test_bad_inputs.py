@@ -38,7 +38,9 @@ CASES = {
                                                                 r"accepted options: maxlamb"),
     "zero-shot task typo": (["--zero_shot_tasks=hellaswg"], r"zero_shot_tasks='hellaswg'.*did you mean "
                                                             r"'hellaswag'"),
-    "unknown tokenizer": (["--tokenizer=bpe"], r"tokenizer='bpe': use 'gpt2' or 'byte'"),
+    # (any name may be a Hugging Face tokenizer: the shards' manifest refuses one they were not made with)
+    "unknown tokenizer": (["--tokenizer=bpe"], r"prepared with the 'byte' tokenizer .*tokenizer='bpe': set "
+                                               r"tokenizer='byte'"),
     "unknown nonfinite policy": (["--nonfinite=ignore"], r"nonfinite='ignore': use 'stop' .* or 'skip'"),
     "resume value": (["--resume=yes"], r"resume='yes': use --resume .*--resume=auto"),
     "run_name with a path": (["--run_name=../escape"], r"run_name='../escape' must be one folder name.*put the path "

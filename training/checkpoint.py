@@ -156,8 +156,10 @@ class Checkpoint:
         continues the old one), and a ``total_steps`` or ``stop_at_step`` that leaves nothing to
         train. (A new batch or batch schedule applies from the step: the checkpoint's batch phases
         keep the tokens of the steps before.)"""
-        fixed = [f"{key}: checkpoint {self.model_args.get(key)!r}, now {value!r}"
-                 for key, value in model_args.items() if key != "dropout" and self.model_args.get(key) != value]
+        # (the checkpoint's model as this code builds it: a field added since it was written takes its default)
+        saved = vars(self.model_config(path))
+        fixed = [f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
+                 for key, value in model_args.items() if key != "dropout" and saved.get(key) != value]
         changed = {key: (self.config[key], config[key]) for key in sorted(RECORDED)
                    if key in self.config and self.config[key] != config[key]}
         fixed += [f"{key}: checkpoint {old!r}, now {new!r}" for key, (old, new) in changed.items() if key in FIXED]
