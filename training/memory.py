@@ -85,7 +85,9 @@ def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, gradient_copie
     params = tensor_bytes(model.parameters())
     grads = params * gradient_copies
     activations = activation_bytes(config.n_layer, config.n_head, config.n_embd, config.vocab_size, micro_batch,
-                                   config.block_size, compute_dtype, fused_attention=device.type == "cuda")
+                                   config.block_size, compute_dtype,
+                                   # (a soft-capped attention keeps its T x T weights: SDPA cannot cap)
+                                   fused_attention=device.type == "cuda" and config.attn_logit_softcap is None)
     values = {"params": params, "grads": grads, "optimizer_state": optimizer_state_bytes(optimizer),
               "activations_estimate": activations, "peak": peak_bytes(device)}
     return {f"memory/{key}": value / MIB for key, value in values.items()}
