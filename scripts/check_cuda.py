@@ -13,7 +13,8 @@
    torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
 2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
    Small shapes, fp32 and bf16, for the paper's optimizers and the 2025 benchmark's.
-3. model: training steps (forward, backward, MERIT step) under bf16 autocast, with SDPA's flash
+3. model: training steps (forward, backward, MERIT step) of GPT-2 Small (block 1024, batch 16) and
+   Llama-130M (block 256, batch 64: the paper's sequences) under bf16 autocast, with SDPA's flash
    kernel on CUDA, eager and torch.compile'd (CUDA): their losses agree; ms/step, tokens/s, MFU.
 4. training (CUDA only): scripts/bench_train.py on GPT-2 Small (block 1024, batch 16) in bf16,
    eager with every optimizer and compiled with AdamW, MERIT and Muon: tokens/s, MFU, the step's
@@ -163,8 +164,16 @@ def check_train(device: torch.device) -> None:
 
 
 def check_model(device: torch.device, quick: bool) -> None:
-    config = GPTConfig.preset("nano", block_size=64, vocab_size=512) if quick else GPTConfig.preset("gpt2")
-    batch = 4 if quick else 16
+    """Both families: GPT-2 Small and Llama-130M (the MERIT paper's second), nano shapes with --quick."""
+    presets = {"gpt2": "nano", "llama_130m": "llama_nano"} if quick else {"gpt2": "gpt2", "llama_130m": "llama_130m"}
+    for family, preset in presets.items():
+        vocab = 512 if quick else (50304 if family == "gpt2" else 32128)
+        config = GPTConfig.preset(preset, block_size=64 if quick else (1024 if family == "gpt2" else 256),
+                                  vocab_size=vocab)
+        check_model_steps(device, quick, family, config, batch=4 if quick else (16 if family == "gpt2" else 64))
+
+
+def check_model_steps(device: torch.device, quick: bool, family: str, config: GPTConfig, batch: int) -> None:
     torch.manual_seed(0)
     idx = torch.randint(0, config.vocab_size, (batch, config.block_size + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
@@ -194,17 +203,16 @@ def check_model(device: torch.device, quick: bool) -> None:
         ms = 1e3 * sorted(times[3:])[len(times[3:]) // 2]
         tokens_per_s = batch * config.block_size / (ms / 1e3)
         mfu = model.estimate_mfu(tokens_per_s, peak_bf16_flops("H200"))
-        label = "compiled" if compiled else "eager"
-        results[f"model {label} bf16 train step"] = {"ms": ms, "tokens_per_s": tokens_per_s, "mfu": mfu,
-                                                     "first_step_s": times[0]}
-        report(f"model {label} bf16 train step", torch.isfinite(loss).item(),
+        label = f"model {family} {'compiled' if compiled else 'eager'} bf16 train step"
+        results[label] = {"ms": ms, "tokens_per_s": tokens_per_s, "mfu": mfu, "first_step_s": times[0]}
+        report(label, torch.isfinite(loss).item(),
                f"{ms:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, MFU {100 * mfu:.1f}% of H200 bf16 "
                f"(first step {times[0]:.1f} s, loss {losses[compiled]:.4f})")
     if len(losses) == 2:
-        report("model compiled loss == eager loss", abs(losses[True] - losses[False]) < 2e-2,
+        report(f"model {family} compiled loss == eager loss", abs(losses[True] - losses[False]) < 2e-2,
                f"{losses[True]:.4f} vs {losses[False]:.4f}")
     ref = F.cross_entropy(model(x)[0].float().view(-1, config.vocab_size), y.reshape(-1))
-    report("model fp32 loss finite", torch.isfinite(ref).item(), f"{ref.item():.4f}")
+    report(f"model {family} fp32 loss finite", torch.isfinite(ref).item(), f"{ref.item():.4f}")
 
 
 def main() -> None:
