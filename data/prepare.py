@@ -3,6 +3,7 @@
     python -m data.prepare shakespeare --tokenizer byte     # the CPU demo's corpus
     python -m data.prepare openwebtext                      # nanoGPT's OpenWebText split
     python -m data.prepare openwebtext --source DIR         # the same, from a local copy of the hub's parquet files
+    python -m data.prepare c4 [--source DIR] [--train-files N] [--val-files M]   # allenai/c4 en, t5-base tokenizer
     python -m data.prepare --dataset NAME [--config C] [--split S] [--text-column T]
     python -m data.prepare --files 'corpus/**/*.parquet' [--text-column T]   # .txt / .jsonl / .parquet
 
@@ -15,8 +16,9 @@ documents nanoGPT's ``train_test_split(test_size=--val-fraction, seed=--split-se
 (for openwebtext: 0.0005 and 2357, 4,007 of 8,013,769 documents); both splits keep the corpus's
 document order. An interrupted preparation resumes where its last checkpoint (every batch of
 documents) left off when run again with the same settings, and ends byte-identical to an
-uninterrupted one. Tiny Shakespeare, one document, is split as nanoGPT splits it: the last
---val-fraction (default 0.1) of its tokens.
+uninterrupted one. C4 comes with validation files of its own: val is its first --val-files of
+them, train its first --train-files train files (see C4_TRAIN_FILES). Tiny Shakespeare, one
+document, is split as nanoGPT splits it: the last --val-fraction (default 0.1) of its tokens.
 
 An output folder with a complete manifest made with the same settings is left as it is (so
 scripts can always call this), unless --force is given.
@@ -39,7 +41,7 @@ from tqdm import tqdm
 from atomic import atomic_write
 from data import assets
 from data.shards import MANIFEST, ShardWriter, open_shard, verify_manifest
-from data.tokenizer import get_tokenizer
+from data.tokenizer import get_tokenizer, tokenizer_identity
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # default output: REPO_ROOT/cache/data/...
 TINY_SHAKESPEARE_URL = (
@@ -47,6 +49,13 @@ TINY_SHAKESPEARE_URL = (
 )
 TINY_SHAKESPEARE_BYTES = 1_115_394
 OPENWEBTEXT_HUB_ID = "Skylion007/openwebtext"
+C4_HUB_ID, C4_TOKENIZER = "allenai/c4", "t5-base"  # the MERIT paper's corpus and tokenizer for its Llama models
+# C4 en is 1,024 train files (364,868,892 documents, about 156B T5 tokens: some 152M a file) and 8
+# validation files (364,608 documents, some 20M tokens a file). The paper's 2.6B tokens take 2.6B / 152M
+# = 17.1 train files; 20 leave some 15% margin. One validation file is twice the 10M tokens GaLore evaluates on.
+C4_TRAIN_FILES, C4_VAL_FILES = 20, 1
+C4_FILE_COUNTS = {"train": 1024, "validation": 8}
+C4_FEATURES = {"text": "string", "timestamp": "string", "url": "string"}  # the schema of a C4 json line
 NANOGPT_VAL_FRACTION, NANOGPT_SPLIT_SEED = 0.0005, 2357  # nanoGPT's data/openwebtext/prepare.py
 DEFAULT_SHARD_TOKENS = 100_000_000
 DOCUMENTS_PER_BATCH = 1024  # one task for a worker, and the checkpoint interval
@@ -60,18 +69,21 @@ FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": 
 class Corpus:
     """A streamed document source: ``settings`` identify it (recorded in the manifest, compared on
     reuse and resume); ``open()`` returns a fresh ``datasets.IterableDataset`` with one column,
-    ``text``; ``data_files()`` lists its files when known (paths or URLs); ``description`` says
-    where it comes from; ``name`` names the default output folder."""
+    ``text``, of which prepare() holds out --val-fraction of the documents as val; a corpus with
+    its own val files (C4) has ``open_split(split)`` instead, each split's documents. ``data_files()``
+    lists its files when known (paths or URLs); ``description`` says where it comes from; ``name``
+    names the default output folder."""
 
-    def __init__(self, name: str, settings: dict, description: str, open_dataset, data_files):
+    def __init__(self, name: str, settings: dict, description: str, open_dataset=None, data_files=None,
+                 open_split=None):
         self.name, self.settings, self.description = name, settings, description
-        self.open, self.data_files = open_dataset, data_files
+        self.open, self.data_files, self.open_split = open_dataset, data_files, open_split
 
 
 def hub_corpus(name: str, config: str | None = None, split: str = "train", text_column: str = "text",
                kind: str = "dataset") -> Corpus:
     """A Hugging Face hub dataset, or a local folder laid out like one (e.g. the hub's parquet
-    files downloaded with ``huggingface-cli download``): the same ``datasets.load_dataset`` call."""
+    files downloaded with ``hf download``): the same ``datasets.load_dataset`` call."""
     def open_dataset():
         import datasets
         dataset = datasets.load_dataset(name, config, split=split, streaming=True)
@@ -111,6 +123,40 @@ def files_corpus(pattern: str, text_column: str = "text") -> Corpus:
     return Corpus("files", settings, f"{len(paths)} files matching {pattern!r}", open_dataset, lambda: paths)
 
 
+def c4_corpus(source: str = C4_HUB_ID, train_files: int = C4_TRAIN_FILES, val_files: int = C4_VAL_FILES) -> Corpus:
+    """C4's en subset (allenai/c4): train from its first ``train_files`` train files, val from its
+    first ``val_files`` validation files (C4's own validation split), each in file order. ``source``
+    is the hub dataset or a local folder in its layout (DIR/en/c4-train.00000-of-01024.json.gz, ...)."""
+    counts = {"train": train_files, "validation": val_files}
+    for kind, count in counts.items():
+        if not 1 <= count <= C4_FILE_COUNTS[kind]:
+            flag = "--train-files" if kind == "train" else "--val-files"
+            raise ValueError(f"{flag} {count}: C4 en has {C4_FILE_COUNTS[kind]} {kind} files; give 1 to "
+                             f"{C4_FILE_COUNTS[kind]}")
+    local = Path(source).is_dir()
+    if not local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+        raise FileNotFoundError(f"--source {source}: no such folder (nor a hub dataset id, owner/name)")
+    root = f"{Path(source).resolve()}/en" if local else f"hf://datasets/{source}/en"
+    files = {split: [f"{root}/c4-{kind}.{index:05d}-of-{C4_FILE_COUNTS[kind]:05d}.json.gz" for index in range(count)]
+             for split, (kind, count) in zip(("train", "val"), counts.items())}
+    missing = [path for paths in files.values() for path in paths if local and not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]} is missing ({len(missing)} of the files asked for are): {source} "
+                                f"must hold C4's en/c4-train.00000 to {train_files - 1:05d} and en/c4-validation.00000 "
+                                f"to {val_files - 1:05d} (--train-files, --val-files); docs/data.md says how to "
+                                "download them")
+
+    def open_split(split: str):
+        import datasets
+        features = datasets.Features({name: datasets.Value(kind) for name, kind in C4_FEATURES.items()})
+        dataset = datasets.load_dataset("json", data_files=files[split], split="train", streaming=True,
+                                        features=features)
+        return text_only(dataset, "text", f"C4's {split} files")
+    settings = {"corpus": "c4", "source": source, "config": "en", "train_files": train_files, "val_files": val_files}
+    description = f"{source} (en), {train_files} train and {val_files} validation files"
+    return Corpus("c4", settings, description, data_files=lambda: files, open_split=open_split)
+
+
 def text_only(dataset, text_column: str, name: str):
     """The dataset with only its text column, named ``text``; an error naming the columns if absent."""
     columns = dataset.column_names
@@ -144,62 +190,81 @@ def count_documents(corpus: Corpus) -> int:
 def prepare(corpus: Corpus, tokenizer: str = "gpt2", out_dir=None, val_fraction: float = NANOGPT_VAL_FRACTION,
             split_seed: int = NANOGPT_SPLIT_SEED, shard_tokens: int = DEFAULT_SHARD_TOKENS,
             workers: int = 1, force: bool = False) -> dict:
-    """Tokenize ``corpus`` into ``out_dir`` (default cache/data/<corpus>-<tokenizer>); the manifest."""
+    """Tokenize ``corpus`` into ``out_dir`` (default cache/data/<corpus>-<tokenizer>); the manifest.
+    ``val_fraction`` and ``split_seed`` draw the val documents of a corpus without val files of its own."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"{corpus.name}-{tokenizer}")
-    settings = {**corpus.settings, "tokenizer": tokenizer, "val_fraction": val_fraction,
-                "split_seed": split_seed, "shard_tokens": shard_tokens}
+    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"{corpus.name}-{Path(tokenizer).name}")
+    held_out = {} if corpus.open_split else {"val_fraction": val_fraction, "split_seed": split_seed}
+    settings = {**corpus.settings, **tokenizer_identity(tokenizer), **held_out, "shard_tokens": shard_tokens}
     existing = reuse_or_clear(out_dir, settings, force)
     if existing:
         return existing
     start = time.perf_counter()
     n_vocab, eot = checked_tokenizer(tokenizer)
     progress = read_progress(out_dir, settings)
-    n_documents = progress["n_documents"] if progress else count_documents(corpus)
-    is_val = val_documents(n_documents, val_fraction, split_seed)
+    # The parts read in turn: each split from its own files (val first, the smaller), or one stream
+    # whose documents go to the splits val_documents draws for them (part None).
+    parts = ["val", "train"] if corpus.open_split else [None]
+    n_documents = None
+    if not corpus.open_split:
+        n_documents = progress["n_documents"] if progress else count_documents(corpus)
+        is_val = val_documents(n_documents, val_fraction, split_seed)
     writers = {split: ShardWriter(out_dir, split, shard_tokens, progress and progress["writers"][split])
                for split in SPLITS}
+    first_part = progress.get("part", 0) if progress else 0
     documents_done = progress["documents_done"] if progress else 0
     split_documents = progress["split_documents"] if progress else {split: 0 for split in SPLITS}
-    dataset = corpus.open()
     # A dataset's saved state is only valid for batches of the size it was saved with.
     batch_size = progress["documents_per_batch"] if progress else DOCUMENTS_PER_BATCH
+    of_total = f" of {n_documents:,}" if n_documents else ""
     if progress:
-        dataset.load_state_dict(progress["dataset_state"])
-        print(f"resuming {out_dir} after document {documents_done:,} of {n_documents:,}")
+        print(f"resuming {out_dir} after document {documents_done:,}{of_total}")
 
     bar = tqdm(desc=f"tokenizing ({tokenizer}, {workers} worker{'s' * (workers > 1)})", unit="tok",
                unit_scale=True, initial=sum(w.tokens for w in writers.values()))
     with bar, Tokenizers(tokenizer, workers) as tokenizers:
-        for tokens, lengths, dataset_state in tokenizers.map(document_batches(dataset, batch_size)):
-            # Each document's tokens go to its split; the splits keep the corpus's order.
-            ids = np.arange(documents_done, documents_done + len(lengths))
-            if ids[-1] >= n_documents:
-                raise ValueError(f"{corpus.description} has more than the {n_documents:,} documents "
-                                 "counted before; the corpus changed while it was being prepared")
-            in_val = np.repeat(is_val[ids], lengths)
-            for split, mask in (("train", ~in_val), ("val", in_val)):
-                if mask.any():
-                    writers[split].append(tokens[mask])
-            split_documents["val"] += int(is_val[ids].sum())
-            split_documents["train"] = int(ids[-1] + 1) - split_documents["val"]
-            documents_done = int(ids[-1] + 1)
-            save_progress(out_dir, {"settings": settings, "n_documents": n_documents,
-                                    "documents_per_batch": batch_size, "documents_done": documents_done, "split_documents": split_documents,
-                                    "dataset_state": dataset_state,
-                                    "writers": {split: w.checkpoint() for split, w in writers.items()}})
-            bar.update(len(tokens))
-            bar.set_postfix(documents=f"{documents_done:,}/{n_documents:,}")
-    if documents_done != n_documents:
+        for part in range(first_part, len(parts)):
+            split = parts[part]
+            dataset = corpus.open_split(split) if split else corpus.open()
+            if progress and part == first_part:
+                dataset.load_state_dict(progress["dataset_state"])
+            for tokens, lengths, dataset_state in tokenizers.map(document_batches(dataset, batch_size)):
+                if split:
+                    by_split = {split: (tokens, len(lengths))}
+                else:
+                    if documents_done + len(lengths) > n_documents:
+                        raise ValueError(f"{corpus.description} has more than the {n_documents:,} documents "
+                                         "counted before; the corpus changed while it was being prepared")
+                    by_split = held_out_split(tokens, lengths, is_val[documents_done:documents_done + len(lengths)])
+                for name, (split_tokens, documents) in by_split.items():
+                    writers[name].append(split_tokens)
+                    split_documents[name] += documents
+                documents_done += len(lengths)
+                save_progress(out_dir, {"settings": settings, "n_documents": n_documents,
+                                        "documents_per_batch": batch_size, "part": part,
+                                        "documents_done": documents_done, "split_documents": split_documents,
+                                        "dataset_state": dataset_state,
+                                        "writers": {name: w.checkpoint() for name, w in writers.items()}})
+                bar.update(len(tokens))
+                bar.set_postfix(documents=f"{documents_done:,}{of_total}")
+    if n_documents is not None and documents_done != n_documents:
         raise ValueError(f"{corpus.description} has {documents_done:,} documents, but {n_documents:,} were "
                          "counted before; the corpus changed while it was being prepared")
     splits = {split: {"tokens": w.tokens, "documents": split_documents[split], "shards": w.close()}
               for split, w in writers.items()}
-    manifest = {**settings, "description": corpus.description, "documents": n_documents,
+    files = {"data_files": corpus.data_files()} if corpus.open_split else {}  # (a hold-out's may be thousands)
+    manifest = {**settings, "description": corpus.description, **files, "documents": documents_done,
                 "n_vocab": n_vocab, "eot_token": eot, "splits": splits}
     finish(out_dir, manifest, start)
     return manifest
+
+
+def held_out_split(tokens: np.ndarray, lengths: np.ndarray, in_val: np.ndarray) -> dict:
+    """{split: (its tokens, its document count)} of a batch of documents, each to the split
+    ``in_val`` (one flag a document) says."""
+    token_in_val = np.repeat(in_val, lengths)
+    return {"train": (tokens[~token_in_val], int((~in_val).sum())), "val": (tokens[token_in_val], int(in_val.sum()))}
 
 
 def val_documents(n_documents: int, val_fraction: float, seed: int) -> np.ndarray:
@@ -284,8 +349,8 @@ def prepare_shakespeare(tokenizer: str = "gpt2", out_dir=None, val_fraction: flo
     ``val_fraction`` of the token stream, as in nanoGPT's data/shakespeare. A few MB: in memory."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"shakespeare-{tokenizer}")
-    settings = {"corpus": "shakespeare", "tokenizer": tokenizer, "val_fraction": val_fraction,
+    out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"shakespeare-{Path(tokenizer).name}")
+    settings = {"corpus": "shakespeare", **tokenizer_identity(tokenizer), "val_fraction": val_fraction,
                 "shard_tokens": shard_tokens}
     existing = reuse_or_clear(out_dir, settings, force)
     if existing:
@@ -391,17 +456,26 @@ def read_complete_manifest(out_dir: Path) -> dict | None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("corpus", nargs="?", choices=["shakespeare", "openwebtext"],
+    parser.add_argument("corpus", nargs="?", choices=["shakespeare", "openwebtext", "c4"],
                         help="a built-in corpus (or give --dataset or --files)")
-    parser.add_argument("--source", help=f"openwebtext: a hub id or a local folder with its files "
-                                         f"(default {OPENWEBTEXT_HUB_ID})")
+    parser.add_argument("--source", help=f"openwebtext, c4: a hub id or a local folder with its files in the hub's "
+                                         f"layout (default {OPENWEBTEXT_HUB_ID}, {C4_HUB_ID})")
+    parser.add_argument("--train-files", type=int,
+                        help=f"c4: how many of its 1,024 en train files to read, from the first (default "
+                             f"{C4_TRAIN_FILES}: about 3.0B T5 tokens at some 152M a file, the paper's 2.6B and 15%% "
+                             f"margin)")
+    parser.add_argument("--val-files", type=int,
+                        help=f"c4: how many of its 8 en validation files make the val split (default "
+                             f"{C4_VAL_FILES}: some 45k documents, 20M T5 tokens)")
     parser.add_argument("--dataset", help="a Hugging Face hub dataset id, or a local folder laid out like one")
     parser.add_argument("--config", help="--dataset: its configuration (subset) name")
     parser.add_argument("--split", default="train", help="--dataset: the split to read")
     parser.add_argument("--files", metavar="GLOB", help="local .txt (one document per file), .jsonl "
                                                         "(one per line) or .parquet (one per row) files")
     parser.add_argument("--text-column", default="text", help="the column (jsonl field) holding the text")
-    parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "byte"])
+    parser.add_argument("--tokenizer", help=f"gpt2 (tiktoken's), byte, or any tokenizer transformers' AutoTokenizer "
+                                            f"loads: a hub name or a local folder (default gpt2; c4: {C4_TOKENIZER}, "
+                                            f"the paper's)")
     parser.add_argument("--out", type=Path, help="output folder (default: cache/data/<corpus>-<tokenizer>)")
     parser.add_argument("--val-fraction", type=float,
                         help=f"fraction of documents held out for val (default {NANOGPT_VAL_FRACTION}, "
@@ -426,9 +500,14 @@ def main(argv=None) -> None:
         print(f"{args.verify}: {shards} shards match {MANIFEST} (sizes and sha256), {manifest['tokenizer']} tokenizer")
         return
     if [args.corpus, args.dataset, args.files].count(None) != 2:
-        parser.error("give one of: a corpus name (shakespeare, openwebtext), --dataset NAME, --files GLOB, --verify DIR")
-    if args.source and args.corpus != "openwebtext":
-        parser.error("--source is for openwebtext; use --dataset for other hub datasets")
+        parser.error("give one of: a corpus name (shakespeare, openwebtext, c4), --dataset NAME, --files GLOB, "
+                     "--verify DIR")
+    if args.source and args.corpus not in ("openwebtext", "c4"):
+        parser.error("--source is for openwebtext and c4; use --dataset for other hub datasets")
+    if args.corpus == "c4" and args.val_fraction is not None:
+        parser.error("c4 has validation files of its own: choose how many with --val-files, not --val-fraction")
+    if args.corpus != "c4" and (args.train_files, args.val_files) != (None, None):
+        parser.error("--train-files and --val-files are for c4")
 
     try:
         run(args)
@@ -436,7 +515,7 @@ def main(argv=None) -> None:
         source = args.files or args.dataset or args.source or args.corpus
         sys.exit(f"prepare: {source} cannot be read ({type(error).__name__}: {error}). Fix or remove that record "
                  f"(a .jsonl line must be one JSON object) and run again: the preparation resumes")
-    except (OSError, ValueError) as error:  # no files, another preparation in --out, an empty corpus
+    except (OSError, ValueError, ImportError) as error:  # no files, another preparation in --out, an empty corpus
         sys.exit(f"prepare: {error}")
 
 
@@ -448,12 +527,16 @@ def _unreadable() -> tuple[type[Exception], ...]:
 
 
 def run(args) -> None:
-    common = dict(tokenizer=args.tokenizer, out_dir=args.out, shard_tokens=args.shard_tokens, force=args.force)
+    tokenizer = args.tokenizer or (C4_TOKENIZER if args.corpus == "c4" else "gpt2")
+    common = dict(tokenizer=tokenizer, out_dir=args.out, shard_tokens=args.shard_tokens, force=args.force)
     if args.corpus == "shakespeare":
         prepare_shakespeare(**common, **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}))
         return
     if args.corpus == "openwebtext":
         corpus = hub_corpus(args.source or OPENWEBTEXT_HUB_ID, kind="openwebtext")
+    elif args.corpus == "c4":
+        corpus = c4_corpus(args.source or C4_HUB_ID, C4_TRAIN_FILES if args.train_files is None else args.train_files,
+                           C4_VAL_FILES if args.val_files is None else args.val_files)
     elif args.dataset:
         corpus = hub_corpus(args.dataset, args.config, args.split, args.text_column)
     else:

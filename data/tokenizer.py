@@ -3,10 +3,14 @@
 "gpt2" is GPT-2 BPE through tiktoken; on an air-gapped machine it is built from the ranks file
 that data/assets.py takes from the package registry (the same encoding, token for token).
 "byte" is UTF-8 bytes plus an end-of-text token, for tiny CPU demos.
+Any other name is a tokenizer transformers' AutoTokenizer loads: a hub name such as "t5-base" (the
+MERIT paper's for C4, as GaLore's code uses it) or a local folder; its end-of-sequence token
+separates documents. transformers is imported only then (it is in requirements-eval.txt).
 """
 import functools
 import sys
 import threading
+from pathlib import Path
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
@@ -57,13 +61,67 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
 
+class HuggingFaceTokenizer:
+    """A tokenizer transformers' AutoTokenizer loads; ``hf_tokenizer`` is transformers' own object.
+    Its end-of-sequence token (t5's </s>, id 1) is the end-of-text token. Text is encoded as
+    ``hf_tokenizer(text, add_special_tokens=False)`` encodes it (as GaLore's and lm-eval's calls do:
+    special-token strings in the text, such as a literal "</s>", become those tokens)."""
+
+    def __init__(self, name: str):
+        try:
+            import transformers
+        except ImportError as error:
+            raise ModuleNotFoundError(f"tokenizer {name!r} is loaded with transformers, which is not installed: "
+                                      "pip install -r requirements-eval.txt") from error
+        try:
+            self.hf_tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+        except OSError as error:  # not on the hub (or the hub out of reach and the name not in its cache)
+            raise ValueError(f"unknown tokenizer {name!r}: not 'gpt2' or 'byte', and transformers could not load "
+                             f"it as a hub name (such as 't5-base') or a local folder: {error}") from error
+        if self.hf_tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {name!r} has no end-of-sequence token to separate documents with; give "
+                             "its eos_token in its tokenizer_config.json, or choose another tokenizer")
+        self.name = name
+        self.n_vocab = len(self.hf_tokenizer)  # with the added tokens (t5-base: 32,000 pieces and 100 extra ids)
+        self.eot_token = self.hf_tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # The document separator is the caller's to add, and a document longer than the model's
+        # context is packed, not fed whole: no special tokens, no warning about its length.
+        encoded = self.hf_tokenizer(texts, add_special_tokens=False, verbose=False, return_attention_mask=False)
+        return encoded["input_ids"]
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.hf_tokenizer.decode(tokens)
+
+
+BUILT_IN = ("gpt2", "byte")  # ours; any other name goes to transformers
+# Besides its vocabulary files, what a transformers tokenizer folder may hold that changes the encoding.
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
 @functools.cache  # one network attempt and one ranks parse per process
 def get_tokenizer(name: str):
     if name == "gpt2":
         return TiktokenTokenizer(gpt2_encoding())
     if name == "byte":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer {name!r}; choose 'gpt2' or 'byte'")
+    return HuggingFaceTokenizer(name)
+
+
+def tokenizer_identity(name: str) -> dict:
+    """What a manifest records of the tokenizer: its name, and for a local folder the sha256 of each
+    of its tokenizer files (a folder's name does not say what it holds: a preparation is not
+    resumed or reused with a folder whose files changed)."""
+    folder = Path(name)
+    if name in BUILT_IN or not folder.is_dir():
+        return {"tokenizer": name}
+    names = {*HF_TOKENIZER_FILES, *get_tokenizer(name).hf_tokenizer.vocab_files_names.values()}
+    files = {file: assets.sha256_of(folder / file) for file in sorted(names) if (folder / file).is_file()}
+    return {"tokenizer": name, "tokenizer_files": files}
 
 
 def gpt2_encoding() -> tiktoken.Encoding:

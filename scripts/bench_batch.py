@@ -64,7 +64,7 @@ def branch_ratio(config: Path, overrides: list[str], folder: Path, steps: int) -
     from study import cbs
 
     half = steps // 2
-    data = folder / "data" / load_config(config, overrides).tokenizer
+    data = folder / "data" / Path(load_config(config, overrides).tokenizer).name  # (a tokenizer may be a folder)
     common = [str(config), *overrides, f"--data_dir={data}", f"--out_dir={folder}", "--wandb_mode=disabled",
               "--sample_tokens=0", "--warmup_steps=2", "--val_tokens=1"]  # (validation: one micro-batch)
     if not (folder / "parent").is_dir():

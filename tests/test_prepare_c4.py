@@ -1,0 +1,213 @@
+"""C4 (`python -m data.prepare c4`) from json.gz files in the hub's layout, with a T5-like tokenizer
+folder built here (a Unigram model with </s> as EOS, saved through transformers) loaded by name as
+transformers loads it: shards against gzip + json + AutoTokenizer, a kill and a resume, the
+manifest's record of the tokenizer, and data/tokenizer.py's interface on such a folder."""
+import gzip
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from data import prepare as prepare_module
+from data.prepare import c4_corpus, main
+from data.tokenizer import HuggingFaceTokenizer, get_tokenizer
+from test_prepare import KILLER, documents, llmc_read
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Files written per kind (C4 en has 1,024 train and 8 validation files) and documents in each: the
+# preparations read the first 2 train files and the first validation file, so the last of each is unread.
+TRAIN_DOCS, VAL_DOCS = (450, 450, 30), (500, 40)
+C4_ARGS = ["--train-files", "2", "--val-files", "1", "--shard-tokens", "6000", "--workers", "1"]
+
+
+def build_tokenizer(folder: Path, vocab_size: int, seed: int) -> Path:
+    """A SentencePiece-style Unigram tokenizer as t5-base's is built (NFKC, Metaspace, </s> id 1,
+    a post-processor that appends </s>), trained on a few KB of text, saved as transformers saves
+    one. A model_max_length of 16 makes every document "too long" for it."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>")
+    tokenizer.train_from_iterator(documents(300, seed), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                            model_max_length=16).save_pretrained(folder)
+    return folder
+
+
+def write_c4(root: Path) -> Path:
+    """C4's hub layout: en/c4-train.0000N-of-01024.json.gz and en/c4-validation.0000N-of-00008.json.gz,
+    json lines of {"text", "timestamp", "url"}."""
+    (root / "en").mkdir(parents=True)
+    for kind, total, counts, seed in (("train", 1024, TRAIN_DOCS, 10), ("validation", 8, VAL_DOCS, 20)):
+        for index, count in enumerate(counts):
+            lines = [json.dumps({"text": text, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.com/{i}"})
+                     for i, text in enumerate(documents(count, seed + index))]
+            with gzip.open(root / "en" / f"c4-{kind}.{index:05d}-of-{total:05d}.json.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    """(a C4 folder, a tokenizer folder)."""
+    root = tmp_path_factory.mktemp("c4")
+    return write_c4(root / "c4"), build_tokenizer(root / "tokenizer", vocab_size=120, seed=0)
+
+
+def expected_streams(c4: Path, tokenizer: Path) -> dict[str, list[int]]:
+    """The documents of the files read, in file order, gzip + json, each [eos] + its ids as
+    transformers' own tokenizer gives them."""
+    auto = AutoTokenizer.from_pretrained(tokenizer)
+    streams = {}
+    for split, pattern in (("train", "c4-train.0000[01]-*"), ("val", "c4-validation.00000-*")):
+        streams[split] = []
+        for path in sorted((c4 / "en").glob(pattern)):
+            for line in gzip.open(path, "rt", encoding="utf-8"):
+                ids = auto(json.loads(line)["text"], add_special_tokens=False, verbose=False)["input_ids"]
+                streams[split] += [auto.eos_token_id, *ids]
+    return streams
+
+
+def read_streams(out_dir: Path) -> dict[str, list[int]]:
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    return {split: [t for shard in manifest["splits"][split]["shards"] for t in llmc_read(out_dir / shard["file"])]
+            for split in ("train", "val")}
+
+
+def test_c4_shards_are_c4s_own_splits_encoded_by_transformers(folders, tmp_path):
+    c4, tokenizer = folders
+    out_dir = tmp_path / "out"
+    main(["c4", "--source", str(c4), "--tokenizer", str(tokenizer), *C4_ARGS, "--out", str(out_dir)])
+    expected = expected_streams(c4, tokenizer)
+    assert read_streams(out_dir) == expected
+    assert len(expected["val"]) > 6000 and len(expected["train"]) > 6000  # several shards each
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    auto = AutoTokenizer.from_pretrained(tokenizer)
+    assert (manifest["tokenizer"], manifest["n_vocab"], manifest["eot_token"]) == (str(tokenizer), len(auto), 1)
+    assert manifest["tokenizer_files"] == {name: hashlib.sha256((tokenizer / name).read_bytes()).hexdigest()
+                                           for name in ("tokenizer.json", "tokenizer_config.json")}
+    assert (manifest["corpus"], manifest["source"], manifest["train_files"], manifest["val_files"]) == (
+        "c4", str(c4), 2, 1)
+    assert manifest["data_files"] == {
+        "train": [str(c4 / "en" / f"c4-train.0000{i}-of-01024.json.gz") for i in (0, 1)],
+        "val": [str(c4 / "en" / "c4-validation.00000-of-00008.json.gz")]}
+    assert {split: manifest["splits"][split]["documents"] for split in ("train", "val")} == {"train": 900, "val": 500}
+    assert "val_fraction" not in manifest and not (out_dir / ".prepare_progress.json").exists()
+
+
+def test_another_tokenizer_or_changed_tokenizer_files_are_refused_or_redone(folders, tmp_path, monkeypatch, capsys):
+    c4, built = folders
+    tokenizer = shutil.copytree(built, tmp_path / "tokenizer")
+    args = ["c4", "--source", str(c4), "--tokenizer", str(tokenizer), *C4_ARGS, "--out", str(tmp_path / "out")]
+    main(args)
+    with pytest.raises(SystemExit, match="prepare: .*other settings.*--force"):
+        main([*args, "--tokenizer", "byte"])
+
+    # An unfinished preparation with the folder's first files, interrupted after its third batch ...
+    save_progress, saved = prepare_module.save_progress, []
+
+    def interrupted(*progress):
+        save_progress(*progress)
+        saved.append(1)
+        if len(saved) == 3:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(prepare_module, "DOCUMENTS_PER_BATCH", 300)
+    monkeypatch.setattr(prepare_module, "save_progress", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--force"])
+    monkeypatch.setattr(prepare_module, "save_progress", save_progress)
+    assert json.loads((tmp_path / "out" / ".prepare_progress.json").read_text())["documents_done"] == 800
+    # ... is started again, not resumed, once the folder holds another tokenizer (a new process would
+    # load it afresh; this one forgets the first).
+    shutil.rmtree(tokenizer)
+    build_tokenizer(tokenizer, vocab_size=90, seed=1)
+    get_tokenizer.cache_clear()
+    capsys.readouterr()
+    main(args)
+    assert "resuming" not in capsys.readouterr().out
+    assert read_streams(tmp_path / "out") == expected_streams(c4, tokenizer)
+    # A finished preparation is not reused once the folder holds the first files again.
+    shutil.rmtree(tokenizer)
+    shutil.copytree(built, tokenizer)
+    get_tokenizer.cache_clear()
+    with pytest.raises(SystemExit, match="other settings"):
+        main(args)
+
+
+@pytest.mark.slow  # real processes, killed mid-preparation
+def test_killed_c4_preparation_resumes_byte_identical(folders, tmp_path):
+    """Killed (SIGKILL) in the first train batch, before its checkpoint (so the resume starts at the
+    end of the val files), then again as a train shard is finished; resumed by two tokenizer processes."""
+    c4, tokenizer = folders
+    args = ["c4", "--source", str(c4), "--tokenizer", str(tokenizer), *C4_ARGS]
+    reference = tmp_path / "reference"
+    main([*args, "--out", str(reference)])
+    out_dir = tmp_path / "killed"
+    # Batches of 300 documents: 2 of the val file's 500 (each checkpoints both splits' writers), and
+    # 5 train shards of 6,000 tokens finished in each batch of train documents.
+    for target, nth, part in (("checkpoint", 5, 0), ("_finish_shard", 7, 1)):
+        killed = subprocess.run([sys.executable, "-c", KILLER.format(target=target, nth=nth), *args, "--out",
+                                 str(out_dir)], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        progress = json.loads((out_dir / ".prepare_progress.json").read_text())
+        assert progress["part"] == part  # the val files', or the train files'
+    assert "resuming" in killed.stdout
+    resumed = subprocess.run([sys.executable, "-m", "data.prepare", *args, "--workers", "2", "--out", str(out_dir)],
+                             cwd=REPO_ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stdout
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(p.name for p in reference.iterdir())
+    for path in reference.glob("*.bin"):
+        assert (out_dir / path.name).read_bytes() == path.read_bytes(), path.name
+    assert json.loads((out_dir / "manifest.json").read_text()) == json.loads((reference / "manifest.json").read_text())
+
+
+def test_hf_tokenizer_from_a_folder(folders, caplog):
+    _, folder = folders
+    tok, auto = get_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
+    assert (tok.name, tok.n_vocab, tok.eot_token) == (str(folder), len(auto), auto.convert_tokens_to_ids("</s>"))
+    texts = documents(5, seed=3)
+    long_text = " ".join(texts)
+    encoded = tok.encode(long_text)
+    assert "sequence length is longer" not in caplog.text  # (its model_max_length is 16) ...
+    assert encoded == auto(long_text, add_special_tokens=False, verbose=False)["input_ids"] and len(encoded) > 16
+    assert auto(long_text)["input_ids"] == [*encoded, 1]  # (the folder's own post-processor would add </s>)
+    assert "sequence length is longer" in caplog.text  # ... as transformers' own call warns
+    assert tok.encode_batch(texts) == [tok.encode(text) for text in texts]
+    for text in texts:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([tok.eot_token]) == "</s>"
+
+
+def test_missing_transformers_names_the_requirements(monkeypatch, folders):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(ModuleNotFoundError, match=r"pip install -r requirements-eval\.txt"):
+        HuggingFaceTokenizer(str(folders[1]))
+
+
+def test_c4_files_and_bad_inputs(folders, tmp_path):
+    assert c4_corpus("allenai/c4", 2, 1).data_files() == {
+        "train": ["hf://datasets/allenai/c4/en/c4-train.00000-of-01024.json.gz",
+                  "hf://datasets/allenai/c4/en/c4-train.00001-of-01024.json.gz"],
+        "val": ["hf://datasets/allenai/c4/en/c4-validation.00000-of-00008.json.gz"]}
+    c4, _ = folders
+    common = ["c4", "--source", str(c4), "--tokenizer", "byte", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="--train-files 0: C4 en has 1024 train files; give 1 to 1024"):
+        main([*common, "--train-files", "0"])
+    with pytest.raises(SystemExit, match="--val-files 9: C4 en has 8 validation files"):
+        main([*common, "--val-files", "9"])
+    with pytest.raises(SystemExit, match=r"c4-train\.00003-of-01024\.json\.gz is missing \(2 of"):
+        main([*common, "--train-files", "5"])
+    with pytest.raises(SystemExit, match="no such folder"):
+        main([*common[:2], str(tmp_path / "nothing"), *common[3:]])
+    with pytest.raises(SystemExit):  # (argparse's error: a held-out fraction makes no sense for C4)
+        main([*common, "--val-fraction", "0.1"])
