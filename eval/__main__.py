@@ -47,11 +47,21 @@ def load(args) -> tuple[GPT, str, dict]:
     """(model, tokenizer name, description of where it came from, with its weights' hash)."""
     if args.hf:
         model = from_hf(args.hf)
-        return model, "gpt2", {"hf": str(args.hf), "model_sha256": model_sha256(model)}
+        return model, hf_folder_tokenizer(Path(args.hf), model), {"hf": str(args.hf), "model_sha256": model_sha256(model)}
     model, checkpoint = load_model(Path(args.ckpt))
     return model, checkpoint.config["tokenizer"], {"ckpt": str(args.ckpt), "step": checkpoint.step,
                                                    "model_sha256": model_sha256(model),
                                                    "train_config": checkpoint.config}
+
+
+def hf_folder_tokenizer(folder: Path, model: GPT) -> str:
+    """The tokenizer of a Hugging Face model folder: the one an export of this project names in its
+    nanomerit.json; else tiktoken's GPT-2 for a GPT-2 (OpenAI's folders), the folder's own files for
+    any other model (a Llama's tokenizer, loaded by transformers)."""
+    provenance = folder / "nanomerit.json"
+    if provenance.is_file():
+        return json.loads(provenance.read_text())["tokenizer"]
+    return "gpt2" if model.config.arch == "gpt2" else str(folder)
 
 
 def model_sha256(model: torch.nn.Module) -> str:
@@ -70,7 +80,8 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ckpt", help="a checkpoint written by train.py (RUN/ckpt.pt)")
-    source.add_argument("--hf", help="a Hugging Face GPT2LMHeadModel folder (e.g. OpenAI's GPT-2)")
+    source.add_argument("--hf", help="a Hugging Face GPT2LMHeadModel folder (e.g. OpenAI's GPT-2) or LlamaForCausalLM "
+                                     "folder (its tokenizer: the one an export names, else the folder's own)")
     parser.add_argument("--tasks", required=True, help="comma-separated tasks and groups (superglue, paper)")
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--data-dir", help="local task files <DIR>/<task>.jsonl|.parquet instead of the hub")

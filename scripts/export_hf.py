@@ -1,4 +1,5 @@
-"""Export a checkpoint of train.py as a Hugging Face GPT-2 folder (hf.py says what it holds).
+"""Export a checkpoint of train.py as a Hugging Face model folder: a GPT2LMHeadModel (arch gpt2) or a
+LlamaForCausalLM (arch llama), with its tokenizer (hf.py says what it holds).
 
     python -m scripts.export_hf runs/NAME/ckpt.pt OUT_DIR [--dtype float32|bfloat16|float16] [--force]
 """
@@ -15,7 +16,8 @@ def main(argv=None):
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by train.py (RUN/ckpt.pt)")
     parser.add_argument("out_dir", type=Path, help="the Hugging Face model folder to write")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the weights' dtype (default float32)")
-    parser.add_argument("--tokenizer", choices=["gpt2", "byte"], help="default: the checkpoint's")
+    parser.add_argument("--tokenizer", help="gpt2, byte, or a Hugging Face tokenizer's hub name or folder "
+                                            "(default: the checkpoint's)")
     parser.add_argument("--force", action="store_true", help="replace an existing out_dir")
     args = parser.parse_args(argv)
     try:
@@ -26,7 +28,8 @@ def main(argv=None):
         sys.exit(f"export_hf: {e}")
     config = json.loads((out_dir / "config.json").read_text())
     provenance = json.loads((out_dir / "nanomerit.json").read_text())
-    print(f"wrote {out_dir}: GPT2LMHeadModel, {config['n_layer']} layers, {config['n_embd']} dims, vocab "
+    shape = provenance["model_args"]
+    print(f"wrote {out_dir}: {config['architectures'][0]}, {shape['n_layer']} layers, {shape['n_embd']} dims, vocab "
           f"{config['vocab_size']}, {args.dtype}, {provenance['tokenizer']} tokenizer, step {provenance['step']}")
 
 
