@@ -15,9 +15,14 @@ z-loss (``--z_loss=1e-4`` on any point), the cures of runaway attention logits s
 batch axis as 2025 measures it (docs/batch.md): GPT-2 Small at batch 480 keeping a checkpoint
 every tenth of its run, for a CBS measurement by branching across the paper's batches with
 AdamW, LAMB, MERIT and Muon (``gpt2_small_*_cbs_b480.py``), and GPT-2 Medium over the 48B tokens
-with AdamW and MERIT ramping its batch up to the paper's 6k (``gpt2_medium_*_ramp_b6k.py``).
-Each file inherits its model's base config (configs/gpt2_*_owt.py) and sets only
-what differs, so a user opens, edits or copies one point.
+with AdamW and MERIT ramping its batch up to the paper's 6k (``gpt2_medium_*_ramp_b6k.py``);
+AdamW with Gemma 2's soft-caps of the attention and output logits for GPT-2 Small at every batch
+(``gpt2_small_adamw_softcap_b*.py``), the fifth cure beside QK-Clip, QK-Norm, z-loss and MERIT; and
+the paper's second family, Llama-130M and Llama-350M on C4 x AdamW, LAMB, MERIT and Muon x global
+batches 512, 1k, 2k, 4k, 6k, 8k sequences of 256 tokens (``llama_350m_merit_b4k.py``; the paper's
+Llama-130M at 1k and Llama-350M at 4k among them). Each file inherits its model's base config
+(configs/gpt2_*_owt.py, configs/llama_*_c4.py) and sets only what differs, so a user opens, edits or
+copies one point.
 
 What each point sets, and why (every value checked against its source; where this project
 chose, it says so):
@@ -71,6 +76,30 @@ chose, it says so):
   scripts/cbs_study.py does on a CPU). It starts at 768 = 6,144 / 8 because a ramp doubles and
   the paper's 480 does not double into 6k; its lr is the published batch-480 lr at that first
   batch, the warmup 2% of the steps at it.
+* the soft-cap points: ``attn_logit_softcap = 50.0`` and ``final_logit_softcap = 30.0``, Gemma 2's
+  (cap * tanh(x / cap) of the attention logits and of the LM head's), on AdamW's GPT-2 Small points.
+* the Llama points, on configs/llama_{130m,350m}_c4.py (GaLore's shapes, C4, the t5-base tokenizer,
+  sequences of 256; the recipe of GaLore's and C-Optim's scripts, which those files cite value by
+  value: github.com/jiaweizzhao/GaLore scripts/benchmark_c4/llama_130m.sh and torchrun_main.py,
+  github.com/kyleliang919/C-Optim README.md and torchrun_main.py). Tokens: the paper trains its
+  Llama models on about 2.6B tokens of C4 with the C-Optim code base (GaLore's); GaLore's Llama-130M
+  run, 20,000 steps of 512 x 256 tokens, is 2,621,440,000 tokens, which every Llama point trains,
+  so that the paper's batch 1k is 10,000 steps and its 4k 2,500 (an inference from those two facts:
+  the paper's notes give neither steps nor a budget per size; GaLore's own Llama-350M run is three
+  times as long). Batches: the GPT-2 grid's as sequences of 256 tokens (the paper's Llama batches
+  count sequences, as GaLore's ``total_batch_size`` does), 480 (the GPT-2 scripts' batch) replaced
+  by GaLore's 512, at which its recipe was set; the base configs' micro-batches (64 and 32) times 8
+  GPUs divide every one. Warmup 10% of the steps, cosine to lr / 10 (GaLore's 2,000 of 20,000 and
+  C-Optim's 1,000 of 10,000; GaLore's ``min_lr_ratio`` 0.1), clip 1.0 (C-Optim's), no dropout. lr:
+  AdamW 1e-3 (C-Optim's for AdamW on C4; GaLore tuned every method over 1e-2 to 1e-4 without
+  publishing the winners), Muon AdamW's (Moonlight's rule, as on GPT-2), LAMB and MERIT 2e-4 (the
+  MERIT authors' default: no Llama lr is published); the paper tunes each: grid-search it per
+  batch. AdamW takes the sources' betas (0.9, 0.999) and no weight decay, from the base config;
+  LAMB, MERIT and Muon, for which the sources publish none, their published settings as on the
+  GPT-2 points (``beta2 = None`` and ``weight_decay = None`` undo the base config's: this project's
+  choice). The published final validation losses (Llama-130M at 1k: AdamW 3.277, LAMB 3.265, MERIT
+  3.199; Llama-350M at 4k: LAMB 3.001, MERIT 2.957; from notes on the paper) are in those points'
+  comments.
 """
 import argparse
 import sys
@@ -123,6 +152,23 @@ RAMP = [(0, 768), (2_400_000_000, 1536), (7_200_000_000, 3072), (16_800_000_000,
 WARMUP_FRACTION = 0.02
 WARMUP_FLOOR = 30
 BLOCK = 1024
+SOFTCAPS = {"attn_logit_softcap": 50.0, "final_logit_softcap": 30.0}  # Gemma 2's
+LLAMA_MODELS = {"130m": "llama_130m_c4", "350m": "llama_350m_c4"}  # size: base config module
+LLAMA_BATCHES = {"512": 512, **{label: batch for label, batch in BATCHES.items() if batch != 480}}
+LLAMA_LR = {  # optimizer: (peak lr, its source)
+    "adamw": (1e-3, "C-Optim's AdamW lr on C4"),
+    "lamb": (2e-4, "the MERIT authors' default (no Llama lr is published)"),
+    "merit": (2e-4, "the MERIT authors' default (no Llama lr is published)"),
+    "muon": (1e-3, "C-Optim's AdamW lr on C4 (Muon: AdamW's, Moonlight's rule)"),
+}
+LLAMA_BLOCK = 256
+LLAMA_TOKENS = 20_000 * 512 * LLAMA_BLOCK  # GaLore's Llama-130M run: the paper's "about 2.6B"
+LLAMA_WARMUP_FRACTION = 0.1
+LLAMA_MIN_LR_RATIO = 0.1
+LLAMA_PUBLISHED = {  # (size, batch): the paper's final validation loss per optimizer
+    ("130m", "1k"): {"adamw": 3.277, "lamb": 3.265, "merit": 3.199},
+    ("350m", "4k"): {"lamb": 3.001, "merit": 2.957},
+}
 
 
 def points() -> dict[str, dict]:
@@ -133,7 +179,7 @@ def points() -> dict[str, dict]:
         for optimizer, lrs in LR.items():
             for label, batch in BATCHES.items():
                 final_div = BENCHMARK_FINAL_LR if optimizer in BENCHMARK else 10
-                point = {"base": base, "size": size, "optimizer": optimizer, "batch": batch,
+                point = {"base": base, "family": "gpt2", "size": size, "optimizer": optimizer, "batch": batch,
                          "tokens": int(TOKENS_PER_PARAMETER * params), "micro": None if batch == 480 else micro,
                          "lr": lrs[i], "min_lr": MIN_LR[optimizer][i] if optimizer in MIN_LR else lrs[i] / final_div,
                          "options": {}}
@@ -149,6 +195,7 @@ def points() -> dict[str, dict]:
         out[f"gpt2_small_merit_{name}_b1k"] = {**small, "options": options, "ablation": name}
     for label in BATCHES:
         out[f"gpt2_small_adamw_qknorm_b{label}"] = {**out[f"gpt2_small_adamw_b{label}"], "qk_norm": "layernorm"}
+        out[f"gpt2_small_adamw_softcap_b{label}"] = {**out[f"gpt2_small_adamw_b{label}"], "softcaps": SOFTCAPS}
         for optimizer in ("adamw", "merit"):
             out[f"gpt2_small_{optimizer}_qkclip_b{label}"] = {**out[f"gpt2_small_{optimizer}_b{label}"],
                                                               "qk_clip_tau": QK_CLIP_TAU}
@@ -160,6 +207,14 @@ def points() -> dict[str, dict]:
     for optimizer in RAMP_OPTIMIZERS:
         out[f"gpt2_medium_{optimizer}_ramp_b6k"] = {**out[f"gpt2_medium_{optimizer}_b6k"], "tokens": SCALING_TOKENS,
                                                     "batch": RAMP[0][1], "schedule": RAMP}
+    for size, base in LLAMA_MODELS.items():
+        for optimizer, (lr, _) in LLAMA_LR.items():
+            for label, batch in LLAMA_BATCHES.items():
+                point = {"base": base, "family": "llama", "size": size, "optimizer": optimizer, "batch": batch,
+                         "tokens": LLAMA_TOKENS, "lr": lr, "min_lr": lr * LLAMA_MIN_LR_RATIO}
+                if optimizer in LLAMA_PUBLISHED.get((size, label), {}):
+                    point["published_loss"] = LLAMA_PUBLISHED[size, label][optimizer]
+                out[f"llama_{size}_{optimizer}_b{label}"] = point
     return out
 
 
@@ -169,12 +224,16 @@ def warmup_steps(tokens: int, batch: int) -> int:
 
 
 def render(stem: str, point: dict) -> str:
+    if point["family"] == "llama":
+        return render_llama(stem, point)
     tokens = point["tokens"]
     what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
     if "ablation" in point:
         what += f" ablation {point['ablation']}"
     if "qk_norm" in point:
         what += " with QK-Norm"
+    if "softcaps" in point:
+        what += " with soft-capped logits (Gemma 2's)"
     if point["tokens"] == SCALING_TOKENS:
         what += ", the batch-scaling study's 48B tokens"
     if "qk_clip_tau" in point:
@@ -216,6 +275,8 @@ def render(stem: str, point: dict) -> str:
         lines.append(f'qk_norm = "{point["qk_norm"]}"')
     if "qk_clip_tau" in point:
         lines.append(f"qk_clip_tau = {point['qk_clip_tau']:g}  # Kimi K2's")
+    if "softcaps" in point:
+        lines += [f"{key} = {cap!r}  # Gemma 2's" for key, cap in point["softcaps"].items()]
     if "cbs" in point:
         every = tokens // (point["batch"] * BLOCK) // CBS_CHECKPOINTS
         lines += [f"permanent_checkpoint_interval = {every:_}  # a tenth of the run: the checkpoints to branch",
@@ -226,6 +287,31 @@ def render(stem: str, point: dict) -> str:
         lines.insert(lines.index(f"batch_size = {point['batch']}") + 1,
                      f"batch_schedule = {point['schedule']!r}  # (tokens, batch): doublings at 5%, 15%, 35% of "
                      f"the tokens, a placeholder until measured")
+    return "\n".join(lines) + "\n"
+
+
+def render_llama(stem: str, point: dict) -> str:
+    """A Llama point's file (the module docstring says why each value)."""
+    steps = point["tokens"] // (point["batch"] * LLAMA_BLOCK)
+    lines = [f"# The MERIT paper's study: Llama-{point['size'].upper()} on C4, {point['optimizer']}, global batch "
+             f"{point['batch']} x {LLAMA_BLOCK} tokens.",
+             "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely."]
+    if "published_loss" in point:
+        lines.append(f"# The paper's final validation loss here: {point['published_loss']} (from notes on the paper).")
+    lines += [f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
+              "",
+              f'run_name = "{stem}"',
+              f'optimizer = "{point["optimizer"]}"',
+              f"batch_size = {point['batch']}",
+              "max_steps = 0",
+              f"max_tokens = {point['tokens']:_}  # about 2.6B: GaLore's Llama-130M run, 20,000 steps of 512 x 256",
+              f"warmup_steps = {round(LLAMA_WARMUP_FRACTION * steps):_}  # {LLAMA_WARMUP_FRACTION:.0%} of the "
+              f"{steps:,} steps, as GaLore's (a sweep axis: --grid warmup_steps=...)",
+              f"lr = {point['lr']:g}  # {LLAMA_LR[point['optimizer']][1]}; the paper grid-searches it per batch",
+              f"min_lr = {point['min_lr']:g}  # lr x GaLore's min_lr_ratio 0.1"]
+    if point["optimizer"] != "adamw":
+        lines += ["beta2 = None  # its published value (the base config's 0.999 is AdamW's)",
+                  "weight_decay = None  # its published value (the base config's 0 is AdamW's)"]
     return "\n".join(lines) + "\n"
 
 

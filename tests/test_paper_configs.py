@@ -1,6 +1,7 @@
 """configs/paper/: every point of the MERIT paper's study loads and resolves to the published
-settings, transcribed here from docs/optimizers.md and the paper's setup independently of
-scripts/paper_configs.py, and builds its model on the meta device (no memory)."""
+settings, transcribed here from docs/optimizers.md, the paper's setup and (the Llama points) GaLore's
+and C-Optim's scripts independently of scripts/paper_configs.py, and builds its model on the meta
+device (no memory)."""
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from training.run_config import resolve_config
 
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
+GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family)] for family in ("gpt2_", "llama_"))
 NAME = re.compile(r"gpt2_(small|medium|large)_(adamw_schedulefree|adamw|lamb|merit|lion|sophiag|muon|muonclip|"
                   r"ademamix|mars|soap|dmuon)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
 
@@ -39,6 +41,20 @@ MIN_LR = {"adamw": (3e-5, 6e-5, 1e-5), "muon": (3e-5, 6e-5, 1e-5), "sophiag": (1
 ABLATION = {"maxlamb": {"maxlamb": True}, "l2": {"norm": "l2"}, "no_clip": {"elementwise_clip": False},
             "no_lower_bound": {"weightwise_lower_bound": False}}
 
+# The Llama family on C4 (GaLore's configs/llama_{130m,350m}.json, its and C-Optim's scripts).
+LLAMA_NAME = re.compile(r"llama_(130m|350m)_(adamw|lamb|merit|muon)_b(512|1k|2k|4k|6k|8k)$")
+LLAMA_SHAPES = {"130m": (12, 12, 768, 2048), "350m": (24, 16, 1024, 2736)}  # layers, heads, hidden, SwiGLU width
+LLAMA_BATCH = {"512": 512, "1k": 1024, "2k": 2048, "4k": 4096, "6k": 6144, "8k": 8192}  # sequences of 256 tokens
+T5_VOCAB = 32_100  # t5-base: 32,000 pieces and 100 sentinel ids
+# GaLore's Llama-130M run, 20k steps of 512 x 256 tokens: the paper's about 2.6B.
+LLAMA_TOKENS = 20_000 * 512 * 256
+LLAMA_LR = {"adamw": 1e-3, "muon": 1e-3, "lamb": 2e-4, "merit": 2e-4}  # C-Optim's AdamW lr; MERIT's default
+# betas, weight decay, eps: AdamW the sources' (torch's betas, no decay); the others their published ones
+LLAMA_HYPER = {"adamw": ((0.9, 0.999), 0.0, 1e-8), "merit": HYPER["merit"], "lamb": HYPER["lamb"],
+               "muon": HYPER["muon"]}
+PUBLISHED = {("130m", "1k"): {"adamw": 3.277, "lamb": 3.265, "merit": 3.199},  # the paper's final val loss
+             ("350m", "4k"): {"lamb": 3.001, "merit": 2.957}}
+
 
 def test_the_files_are_what_the_generator_writes():
     result = subprocess.run([sys.executable, "-m", "scripts.paper_configs", "--check"], cwd=ROOT, capture_output=True,
@@ -48,10 +64,20 @@ def test_the_files_are_what_the_generator_writes():
     # AdamW and MERIT with QK-Clip at GPT-2 Small's 6 batches.
     # GPT-2 Medium over 48B tokens with AdamW, LAMB and MERIT at the 6 batches. The CBS parents
     # (AdamW, LAMB, MERIT, Muon at Small batch 480) and the ramps (AdamW and MERIT, Medium to 6k).
-    assert len(FILES) == 3 * 12 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 and f"{len(FILES)} files, as written" in result.stdout
+    # AdamW with soft-caps at GPT-2 Small's 6 batches. Llama-130M and -350M x 4 optimizers x 6 batches.
+    assert len(GPT2_FILES) == 3 * 12 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 + 6 and len(LLAMA_FILES) == 2 * 4 * 6
+    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) and f"{len(FILES)} files, as written" in result.stdout
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_the_five_logit_cures_sit_side_by_side_at_every_gpt2_small_batch():
+    # MERIT, QK-Norm, QK-Clip (with AdamW and with MERIT) and soft-caps beside plain AdamW (z-loss: --z_loss on any)
+    stems = {path.stem for path in FILES}
+    for batch in BATCH:
+        assert {f"gpt2_small_{point}_b{batch}" for point in ("adamw", "merit", "adamw_qknorm", "adamw_qkclip",
+                                                             "merit_qkclip", "adamw_softcap")} <= stems
+
+
+@pytest.mark.parametrize("path", GPT2_FILES, ids=lambda p: p.stem)
 def test_every_point_resolves_to_the_published_settings(path):
     size, label, variant, batch = NAME.fullmatch(path.stem).groups()
     optimizer = "muon" if label == "muonclip" else label
@@ -99,6 +125,10 @@ def test_every_point_resolves_to_the_published_settings(path):
     clipped = label == "muonclip" or variant == "qkclip"
     assert config.qk_clip_tau == (100 if clipped else None)
     assert variant != "qkclip" or (size, optimizer) in (("small", "adamw"), ("small", "merit"))
+    # Gemma 2's soft-caps of the attention and output logits, on AdamW's GPT-2 Small points.
+    caps = (config.attn_logit_softcap, config.final_logit_softcap)
+    assert caps == ((50.0, 30.0) if variant == "softcap" else (None, None))
+    assert variant != "softcap" or (size, optimizer) == ("small", "adamw")
     assert config.grad_clip == 1.0 and config.tokenizer == "gpt2"
     schedule = BatchSchedule.of(config, 1024)
     total, warmup = schedule.lengths(config)
@@ -109,7 +139,50 @@ def test_every_point_resolves_to_the_published_settings(path):
     assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS[size]
     assert model_config.scale_attn_by_inverse_layer_idx == (size != "small")
     assert model_config.vocab_size == 50304 and model_config.block_size == 1024
+    assert (model_config.attn_logit_softcap, model_config.final_logit_softcap) == caps
     with torch.device("meta"):
         model = GPT(model_config)
     assert all(p.is_meta for p in model.parameters())
     assert abs(model.num_params(non_embedding=False) / PARAMETERS[size] - 1) < 0.01
+
+
+@pytest.mark.parametrize("path", LLAMA_FILES, ids=lambda p: p.stem)
+def test_every_llama_point_resolves_to_the_galore_recipe(path):
+    size, optimizer, batch = LLAMA_NAME.fullmatch(path.stem).groups()
+    config = load_config(path, [])
+    resolved = resolve_config(config).config
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, LLAMA_BATCH[batch])
+    assert (config.tokenizer, config.data_dir, config.block_size) == ("t5-base", "cache/data/c4-t5-base", 256)
+    # The paper's budget, about 2.6B tokens: at its batch 1k 10,000 steps, at 4k 2,500; warmup 10% of the
+    # steps and cosine to lr / 10 (GaLore's 2,000 of 20,000; its min_lr_ratio 0.1).
+    assert config.max_tokens == LLAMA_TOKENS and abs(LLAMA_TOKENS / 2.6e9 - 1) < 0.01
+    schedule = BatchSchedule.of(config, 256)
+    total, warmup = schedule.lengths(config)
+    assert total == LLAMA_TOKENS // (LLAMA_BATCH[batch] * 256)
+    assert total == {"1k": 10_000, "4k": 2_500}.get(batch, total)  # (the paper's two batches)
+    assert config.warmup_tokens == 0 and warmup == config.warmup_steps == round(0.1 * total)
+    assert config.lr_schedule == "cosine" and config.lr == LLAMA_LR[optimizer]
+    assert config.min_lr == pytest.approx(config.lr / 10)
+    betas, weight_decay, eps = LLAMA_HYPER[optimizer]
+    assert ((resolved.beta1, resolved.beta2), resolved.weight_decay, resolved.eps) == (betas, weight_decay, eps)
+    if optimizer == "muon":
+        assert resolved.optimizer_options["adjust_lr"] == "match_rms_adamw"
+    assert config.grad_clip == 1.0 and config.z_loss == 0 and config.qk_clip_tau is None
+    schedule.check_divisible(config.micro_batch_size, 8)  # divides on 8 GPUs
+    # The paper's result where it has one, in the file's comment.
+    published = PUBLISHED.get((size, batch), {}).get(optimizer)
+    comment = f"# The paper's final validation loss here: {published} "
+    assert (comment in path.read_text()) == (published is not None)
+    # GaLore's shapes, no dropout, the T5 vocabulary padded to a multiple of 64; parameters counted from them.
+    model_config = config.model_config(T5_VOCAB)
+    layers, heads, hidden, width = LLAMA_SHAPES[size]
+    assert (model_config.arch, model_config.n_layer, model_config.n_head, model_config.n_embd) == \
+        ("llama", layers, heads, hidden)
+    assert (model_config.intermediate_size, model_config.norm_eps, model_config.rope_theta) == (width, 1e-6, 10000.0)
+    assert (model_config.vocab_size, model_config.block_size, model_config.dropout) == (32_128, 256, 0.0)
+    assert model_config.qk_norm is None and model_config.attn_logit_softcap is model_config.final_logit_softcap is None
+    with torch.device("meta"):
+        model = GPT(model_config)
+    # embedding and untied head, per block q/k/v/o, gate/up/down and two RMSNorms, the final RMSNorm
+    expected = 2 * 32_128 * hidden + layers * (4 * hidden ** 2 + 3 * hidden * width + 2 * hidden) + hidden
+    assert model.num_params(non_embedding=False) == expected

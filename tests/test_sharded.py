@@ -1,19 +1,22 @@
 """ZeRO-1 and FSDP2 give the parameters of one unsharded process, for every optimizer and MERIT
-ablation; the optimizer state per rank is the partition's share; a sharded (DCP) checkpoint saved
-on 4 ranks resumes on 2 and on 1 and continues exactly as the uninterrupted run.
+ablation on GPT-2, and DDP, ZeRO-1 and FSDP2 for every optimizer on the Llama family (MuonClip and
+soft-capped logits among them); the optimizer state per rank is the partition's share (DDP: the
+whole, on every rank alike); a sharded (DCP) checkpoint saved on 4 ranks resumes on 2 and on 1 and
+continues exactly as the uninterrupted run.
 
 Real gloo processes under torchrun. Every rank computes the same global batch's gradient, so
-the comparison isolates the sharding: under FSDP2 rank 0 alone contributes the gradient (its loss
-scaled by the world size, the others' by 0), so the reduce-scatter's sum is exact and the
-gradient is bitwise the one-process gradient on 1, 2 and 4 ranks alike. The main rank also steps
-an unsharded copy in-process (no collectives), the one-process reference."""
+the comparison isolates the layout: under DDP and FSDP2 rank 0 alone contributes the gradient (its
+loss scaled by the world size, the others' by 0), so DDP's average and FSDP2's reduce-scatter are
+exact and the gradient is bitwise the one-process gradient on 1, 2 and 4 ranks alike. The main
+rank also steps an unsharded copy in-process (no collectives), the one-process reference."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,16 @@ STEPS, SAVE_AT = 10, 5
 # lr-sized steps, and torch's fused AdamW kernel rounds an element differently at a different
 # place in its vectorised loop (a shard boundary moves it): 1e-5 apart after 10 steps, 7e-8 without.
 SHAPES = dict(n_layer=2, n_head=2, n_embd=6, block_size=8, vocab_size=61, dropout=0.0, bias=False)
+# The Llama family: model.py's llama_nano preset cut to the same width: head_dim 2 (one rotary pair a
+# head), q, k, v and o of 6 rows, the SwiGLU's gate and up of 9 (5/4 on 2 ranks), the untied LM head of
+# 61. One block, which holds every kind of its parameters (a second one cost 40% more time here).
+LLAMA = dict(n_layer=1, n_head=3, n_embd=6, intermediate_size=9, block_size=8, vocab_size=61)
+# QK-Clip's tau amid these models' largest attention logits (4e-3 to 2e-2 over the 10 steps): some heads
+# clipped, some not (the test checks both, and that no logit came near tau, where rounding could decide).
+# Soft-caps at the logits' own scale (attention 1e-2, output 0.2), where tanh bends them: Gemma 2's 50
+# and 30 would leave them within 1e-8 of uncapped, below the tolerance, so a layout that lost a cap passed.
+QK_CLIP_TAU = 8e-3
+SOFTCAPS = dict(attn_logit_softcap=1e-2, final_logit_softcap=0.1)
 # Sharded (DCP) checkpoints saved on 4 ranks and resumed on 2 and 1: MERIT's row shards, and SOAP's state
 # whole on every rank (refreshed before and after the save).
 CHECKPOINTED = [("merit", {}), ("soap", {"precondition_frequency": 3})]
@@ -38,6 +51,16 @@ CONFIGS = [("adamw", {}), ("lamb", {}), ("lamb", {"bias_correction": True, "rati
            ("mars", {}), ("adamw_schedulefree", {}),
            ("soap", {"precondition_frequency": 3}),  # (refreshes at t = 3, 6, 9 of the 10 steps)
            ("muon", {"adjust_lr": "original", "ns_dtype": "float32", "nesterov": False})]
+# Every optimizer on the Llama family, with what its case adds to the model or the loop: MuonClip (Muon
+# with QK-Clip, Kimi K2's pair) and AdamW with both soft-caps.
+LLAMA_CONFIGS = [("adamw", {}, SOFTCAPS), ("lamb", {}, {}), ("merit", {}, {}), ("lion", {}, {}),
+                 ("sophiag", {"hessian_interval": 3}, {}), ("muon", {}, {"qk_clip_tau": QK_CLIP_TAU}),
+                 ("dmuon", {}, {}), ("ademamix", {}, {}), ("mars", {}, {}), ("adamw_schedulefree", {}, {}),
+                 ("soap", {"precondition_frequency": 3}, {})]
+# The torchrun launches: (GPT-2's layout, then the Llama family's in the same processes, ranks). DDP on
+# 2 ranks (rank 0's gradient x 2 and rank 1's zero average exactly), ZeRO-1 on 3 (partitions that do
+# not divide), FSDP2 on 2; the 4 processes on 4 ranks run GPT-2 alone (on 2 cores they cost twice as much).
+LAUNCHES = [("zero1", "ddp", 2), ("zero1", "zero1", 3), ("fsdp", "fsdp", 2), ("fsdp", "none", 4)]
 
 
 def torchrun(nproc: int, *args: str) -> list[dict]:
@@ -49,13 +72,15 @@ def torchrun(nproc: int, *args: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("mode,nproc", [("zero1", 2), ("zero1", 3), ("fsdp", 2), ("fsdp", 4)])
-def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
+@pytest.mark.parametrize("mode,llama_mode,nproc", LAUNCHES)
+def test_sharded_optimizers_give_the_unsharded_parameters(mode, llama_mode, nproc):
     from optim.muon import NS_DTYPES, default_ns_dtype
-    lines = torchrun(nproc, "exact", mode)
-    assert [[line["optimizer"], line["options"]] for line in lines] == [list(c) for c in CONFIGS]
+    lines = torchrun(nproc, "exact", mode, llama_mode)
+    llama = [["llama", llama_mode, name, options] for name, options, _ in LLAMA_CONFIGS] if llama_mode != "none" else []
+    assert [[line["model"], line["mode"], line["optimizer"], line["options"]] for line in lines] == \
+        [["gpt2", mode, *c] for c in CONFIGS] + llama
     for line in lines:
-        label = (line["optimizer"], line["options"])
+        label = (line["model"], line["mode"], line["optimizer"], line["options"])
         # Muon (and D-Muon) with a float32 Newton-Schulz under FSDP2: torch's fused AdamW kernel of its AdamW part
         # rounds an embedding element differently at a shard boundary (1e-9 after 3 steps, as
         # AdamW's own above), and a float32 orthogonalisation carries that on more than a bfloat16
@@ -63,14 +88,28 @@ def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
         # ns_dtype "auto" (the default) is float32 on a CPU with neither AMX nor AVX512-BF16.
         float32_muon = line["optimizer"] in ("muon", "dmuon") and (NS_DTYPES[line["options"].get("ns_dtype", "auto")]
                                                         or default_ns_dtype(torch.device("cpu"))) == torch.float32
-        assert line["max_rel"] <= (1e-5 if float32_muon and mode == "fsdp" else 1e-6), label
+        assert line["max_rel"] <= (1e-5 if float32_muon and line["mode"] == "fsdp" else 1e-6), label
         assert line["diagnostic_keys_equal"] and line["diagnostics_max_rel"] <= 1e-5, label
         assert line["diagnostics"] > 0 or line["optimizer"] in ("adamw", "lion", "ademamix", "adamw_schedulefree"), \
             label  # (they record none)
+        # QK-Clip clipped the same heads as one process, some of its heads x steps and not all, no logit
+        # within 1e-3 of tau; the soft-caps bend the reference's largest logits by 5% or more.
+        clipped, expected_clipped = line["heads_clipped"]
+        clipping = "qk_clip_tau" in line["extra"]
+        assert clipped == expected_clipped and (0 < clipped < LLAMA["n_layer"] * LLAMA["n_head"] * STEPS if clipping
+                                                else clipped == 0), label
+        assert not clipping or line["clip_margin"] > 1e-3, label
+        ratios = line["softcap_ratios"]
+        assert len(ratios) == len(SOFTCAPS.keys() & line["extra"].keys()) and all(r < 0.95 for r in ratios), label
+        if line["mode"] == "ddp":
+            # Every rank keeps one process's whole state and steps its replica to rank 0's, bitwise.
+            assert line["replicas_equal"] and line["state"] == [line["replicated_state"]] * nproc, label
+            continue
+        assert line["replicas_equal"] in (True, None), label  # (ZeRO-1's replicas; FSDP2 has none)
         # The optimizer state per rank: exactly the state one process keeps of the elements it holds
         # (nothing replicated but the 0-d step counters), the shares adding up to the whole.
         shares = line["shares"]
-        if line["optimizer"] == "soap" and mode == "fsdp":
+        if line["optimizer"] == "soap" and line["mode"] == "fsdp":
             # But SOAP's under FSDP2: one process's whole state on every rank, which computes every whole
             # update and applies its rows (optim/soap.py).
             assert line["state"] == [line["replicated_state"]] * nproc, label
@@ -78,11 +117,11 @@ def test_sharded_optimizers_give_the_unsharded_parameters(mode, nproc):
             assert line["state"] == line["expected_state"], label
             assert sum(line["state"]) == line["replicated_state"], label
         assert sum(shares) == pytest.approx(1.0) and max(shares) <= line["max_share"], label
-    # ZeRO's greedy partition gives each parameter to the least-loaded rank, which holds at most the
-    # mean: no rank exceeds 1/world by more than the largest parameter (the embedding here).
-    # FSDP2's row shards: at most one row per matrix above 1/world.
-    bound = 1 / nproc + (lines[0]["largest_share"] if mode == "zero1" else lines[0]["rows_share"])
-    assert 1 / nproc <= lines[0]["max_share"] <= bound
+        # ZeRO's greedy partition gives each parameter to the least-loaded rank, which holds at most the
+        # mean: no rank exceeds 1/world by more than the largest parameter (the embedding here).
+        # FSDP2's row shards: at most one row per matrix above 1/world.
+        bound = 1 / nproc + (line["largest_share"] if line["mode"] == "zero1" else line["rows_share"])
+        assert 1 / nproc <= line["max_share"] <= bound, label
 
 
 def test_a_sharded_checkpoint_of_4_ranks_resumes_on_2_and_on_1_exactly(tmp_path):
@@ -107,15 +146,26 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Loop:
-    """The training loop of these runs: Sophia-G's Hessian pass takes its gradients from ``gradients``
-    (an ``optim.GradientFn``)."""
+    """The training loop of these runs: ``train_model`` (DDP's wrapper, else ``model``) computes the
+    losses, scaled by ``weight``; ``clip`` (a QKClip, or None) measures the training passes and clips
+    after each step; Sophia-G's Hessian pass takes its gradients from ``gradients`` (an
+    ``optim.GradientFn``)."""
 
-    def __init__(self, model, optimizer, weight: float):
-        self.model, self.optimizer, self.weight = model, optimizer, weight
+    def __init__(self, model, optimizer, weight: float, train_model=None, clip=None):
+        self.model, self.optimizer, self.weight, self.clip = model, optimizer, weight, clip
+        self.train_model = train_model or model
+        self.heads_clipped, self.clip_margin = 0, math.inf  # QK-Clip's: and the nearest logit to tau, relative
 
     def backward(self, loss_fn, step: int):
         x, y = batch(step)
-        (loss_fn(self.model, x, y, step) * self.weight).backward()
+        (loss_fn(self.train_model, x, y, step) * self.weight).backward()
+
+    def clip_after_step(self):
+        """QK-Clip after the optimizer step, counting the heads it clipped and the nearest miss of tau."""
+        self.clip.apply(torch.tensor(True))
+        maxima = self.clip.max_logits  # (every rank's forward saw the same batch: its maxima are the global ones)
+        self.heads_clipped += int((maxima > self.clip.tau).sum())
+        self.clip_margin = min(self.clip_margin, ((maxima - self.clip.tau).abs() / self.clip.tau).min().item())
 
     @contextmanager
     def gradients(self, loss_fn):
@@ -128,10 +178,13 @@ def train(loop: Loop, start: int, stop: int) -> dict:
     diagnostics = {}
     for step in range(start, stop):
         loop.step = step
-        loop.backward(lambda model, x, y, _: model(x, y)[1], step)
+        with loop.clip.measuring() if loop.clip else nullcontext():
+            loop.backward(lambda model, x, y, _: model(x, y)[1], step)
         if (step + 1) % 5 == 0:
             loop.optimizer.request_diagnostics()
         loop.optimizer.step()
+        if loop.clip:
+            loop.clip_after_step()
         diagnostics.update(loop.optimizer.pop_diagnostics())
         loop.optimizer.zero_grad(set_to_none=True)
         if loop.optimizer.extra_pass_due(step + 1):
@@ -139,21 +192,31 @@ def train(loop: Loop, start: int, stop: int) -> dict:
     return diagnostics
 
 
-def build(name, options, ctx, mode):
-    """(model, optimizer, gradient weight) of this rank for ``mode`` ("single", "zero1", "fsdp")."""
+def build(name, options, ctx, mode, family="gpt2", extra=None) -> Loop:
+    """This rank's Loop for ``mode`` ("single", "ddp", "zero1", "fsdp"): GPT-2 (SHAPES) or the Llama
+    family (LLAMA, with ``extra``'s soft-caps), optimizer ``name`` and, with ``extra``'s qk_clip_tau, QK-Clip."""
     import optim
     from model import GPT, GPTConfig
+    from training.distributed import Distributed
     from training.parallel import Layout
+    from training.qk_clip import QKClip
+    caps = {key: value for key, value in (extra or {}).items() if key != "qk_clip_tau"}
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SHAPES))
-    weight = 1.0
+    model = GPT(GPTConfig(**SHAPES) if family == "gpt2" else GPTConfig.preset("llama_nano", **LLAMA, **caps))
+    train_model, weight = model, 1.0
+    if mode in ("ddp", "fsdp"):
+        weight = float(ctx.world_size) if ctx.is_main else 0.0
     if mode == "fsdp":
         Layout("fsdp", ctx).shard(model, torch.float32)
-        weight = float(ctx.world_size) if ctx.is_main else 0.0
+    if mode == "ddp":
+        train_model = Layout("ddp", ctx).wrap(model)
     hyper = {"lr": 3e-3, "weight_decay": 0.1}
     optimizer = optim.build(name, model, **hyper, **options, batch_tokens=32, run_steps=STEPS,
                             zero_redundancy=mode == "zero1")
-    return model, optimizer, weight
+    tau = (extra or {}).get("qk_clip_tau")
+    # (the one-process reference's clip reduces over no ranks: it runs on the main rank alone)
+    clip_ctx = ctx if mode != "single" else Distributed(0, 0, 1, ctx.device)
+    return Loop(model, optimizer, weight, train_model, QKClip(model, tau, clip_ctx) if tau is not None else None)
 
 
 def full(model) -> dict[str, torch.Tensor]:
@@ -165,19 +228,26 @@ def max_rel(a: dict, b: dict) -> float:
     return max(((a[k] - b[k]).norm() / b[k].norm().clamp(min=1e-30)).item() for k in b)
 
 
-def exact(ctx, mode):
+def exact(ctx, mode, llama_mode="none"):
+    """GPT-2 with every CONFIGS case in ``mode``, then the Llama family with every LLAMA_CONFIGS case in
+    ``llama_mode`` ("none": not)."""
     from optim.sharding import local
     from training.memory import optimizer_state_bytes, tensor_bytes
-    for name, options in CONFIGS:
-        model, optimizer, weight = build(name, options, ctx, mode)
-        diagnostics = train(Loop(model, optimizer, weight), 0, STEPS)
+    cases = [("gpt2", mode, name, options, {}) for name, options in CONFIGS]
+    if llama_mode != "none":
+        cases += [("llama", llama_mode, *case) for case in LLAMA_CONFIGS]
+    for family, layout, name, options, extra in cases:
+        loop = build(name, options, ctx, layout, family, extra)
+        model, optimizer = loop.model, loop.optimizer
+        diagnostics = train(loop, 0, STEPS)
         optimizer.eval()  # the evaluated point (Schedule-Free's x; the weights for the rest)
         # The one-process reference, on the main rank (the others would train the same copy): what it
         # keeps per element of each parameter (Muon: 1 for a matrix, 2 for the rest) goes to every rank.
         per_element = [None]
         if ctx.is_main:
-            reference, reference_opt, _ = build(name, options, ctx, "single")
-            expected = train(Loop(reference, reference_opt, 1.0), 0, STEPS)
+            reference_loop = build(name, options, ctx, "single", family, extra)
+            reference, reference_opt = reference_loop.model, reference_loop.optimizer
+            expected = train(reference_loop, 0, STEPS)
             reference_opt.eval()
             per_element = [{name: sum(t.numel() * t.element_size() for t in reference_opt.state[p].values() if t.ndim)
                             / p.numel() for name, p in reference.named_parameters()}]
@@ -186,15 +256,15 @@ def exact(ctx, mode):
         counters = lambda opt: sum(t.nbytes for s in getattr(opt, "optim", opt).state.values()  # noqa: E731
                                    for t in s.values() if t.ndim == 0)
         state = torch.tensor([optimizer_state_bytes(optimizer) - counters(optimizer)])
-        if mode == "zero1":
+        if layout == "zero1":
             owned = optimizer.partition_numel()
-        else:
+        else:  # (DDP: every rank the whole)
             owned = [0] * ctx.world_size
             owned[ctx.rank] = tensor_bytes(model.parameters()) // 4
             owned = torch.tensor(owned)
             torch.distributed.all_reduce(owned)
             owned = owned.tolist()
-        if mode == "zero1":
+        if layout == "zero1":
             names = {id(p): name for name, p in model.named_parameters()}
             held = {names[id(p)]: p.numel() for group in optimizer._partition_parameters()[ctx.rank]
                     for p in group["params"]}
@@ -205,10 +275,15 @@ def exact(ctx, mode):
         torch.distributed.all_gather(states, state)
         torch.distributed.all_gather(expected_states, expected_state)
         result = full(model)
+        replicas_equal = None if layout == "fsdp" else all_replicas_equal(model, ctx)
         if ctx.is_main:
             numel = sum(p.numel() for p in reference.parameters())
             print(json.dumps({
-                "optimizer": name, "options": options, "max_rel": max_rel(result, full(reference)),
+                "model": family, "mode": layout, "optimizer": name, "options": options, "extra": extra,
+                "max_rel": max_rel(result, full(reference)), "replicas_equal": replicas_equal,
+                "heads_clipped": [loop.heads_clipped, reference_loop.heads_clipped],
+                "clip_margin": reference_loop.clip_margin if reference_loop.clip else None,
+                "softcap_ratios": softcap_ratios(reference),
                 "diagnostic_keys_equal": sorted(diagnostics) == sorted(expected), "diagnostics": len(expected),
                 "diagnostics_max_rel": max((abs(diagnostics[k] - v) / max(abs(v), 1e-30) for k, v in expected.items()),
                                            default=0.0),
@@ -220,14 +295,30 @@ def exact(ctx, mode):
                 "rows_share": sum(p[0].numel() for p in reference.parameters()) / numel}), flush=True)
 
 
+def all_replicas_equal(model, ctx) -> bool:
+    """Whether every rank's (replicated) parameters are bitwise rank 0's; every rank calls it."""
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    replicas = [torch.empty_like(flat) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(replicas, flat)
+    return all(torch.equal(replica, flat) for replica in replicas)
+
+
+def softcap_ratios(model) -> list[float]:
+    """For each soft-cap the model has, its capped largest logit over the raw one on the first batch
+    (the probe's; attention: the most bent head)."""
+    stats = model.probe(batch(0)[0])
+    return [(stats[capped] / stats[raw]).min().item() for capped, raw in
+            (("max_logit_capped", "max_logit"), ("max_abs_logit_capped", "max_abs_logit")) if capped in stats]
+
+
 def save(ctx, folder):
     from torch.distributed.tensor import DTensor
 
     from training.checkpoint import Checkpoint
     from training.sharded_checkpoint import save_sharded_in
     for name, options in CHECKPOINTED:
-        model, optimizer, weight = build(name, options, ctx, "fsdp")
-        loop = Loop(model, optimizer, weight)
+        loop = build(name, options, ctx, "fsdp")
+        model, optimizer = loop.model, loop.optimizer
         train(loop, 0, SAVE_AT)
         checkpoint = Checkpoint(model={}, model_args=SHAPES, optimizer={}, scaler={}, step=SAVE_AT, tokens=0, rng=[],
                                 train_loader={}, config={}) if ctx.is_main else None
@@ -238,10 +329,10 @@ def save(ctx, folder):
         # SOAP keeps its state whole on every rank (plain tensors); the others shard it as their parameters.
         whole = not any(isinstance(t, DTensor) for state in optimizer.state.values() for t in state.values())
         if ctx.is_main:
-            reference, reference_opt, _ = build(name, options, ctx, "single")
-            train(Loop(reference, reference_opt, 1.0), 0, STEPS)
+            reference_loop = build(name, options, ctx, "single")
+            train(reference_loop, 0, STEPS)
             torch.save(result, folder / name / "uninterrupted.pt")
-            same = all(torch.equal(result[k], v) for k, v in full(reference).items())
+            same = all(torch.equal(result[k], v) for k, v in full(reference_loop.model).items())
             print(json.dumps({"optimizer": name, "matches_unsharded": same, "whole_state": whole}), flush=True)
 
 
@@ -249,12 +340,12 @@ def resume(ctx, folder):
     from training.checkpoint import CHECKPOINT_NAME, Checkpoint
     from training.sharded_checkpoint import load_sharded_state
     for name, options in CHECKPOINTED:
-        model, optimizer, weight = build(name, options, ctx, "fsdp" if ctx.enabled else "single")
+        loop = build(name, options, ctx, "fsdp" if ctx.enabled else "single")
         path = (folder / name / CHECKPOINT_NAME).resolve()
         checkpoint = Checkpoint.load(path)
-        load_sharded_state(path, checkpoint, model, optimizer)
-        train(Loop(model, optimizer, weight), checkpoint.step, STEPS)
-        result, expected = full(model), torch.load(folder / name / "uninterrupted.pt", weights_only=True)
+        load_sharded_state(path, checkpoint, loop.model, loop.optimizer)
+        train(loop, checkpoint.step, STEPS)
+        result, expected = full(loop.model), torch.load(folder / name / "uninterrupted.pt", weights_only=True)
         if ctx.is_main:
             print(json.dumps({"optimizer": name, "world": ctx.world_size, "restored_step": checkpoint.step,
                               "equal": all(torch.equal(result[k], v) for k, v in expected.items())}), flush=True)
@@ -263,7 +354,9 @@ def resume(ctx, folder):
 if __name__ == "__main__":
     from training import distributed
     context = distributed.setup("cpu")
-    command, argument = sys.argv[1:3]
-    {"exact": exact, "save": save, "resume": resume}[command](context, Path(argument) if command != "exact"
-                                                              else argument)
+    command, *arguments = sys.argv[1:]
+    if command == "exact":
+        exact(context, *arguments)
+    else:
+        {"save": save, "resume": resume}[command](context, Path(arguments[0]))
     distributed.teardown(context)
