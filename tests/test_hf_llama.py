@@ -3,6 +3,9 @@ against transformers' own LlamaForCausalLM, LlamaConfig and tokenizers, and lm-e
 `hf` backend on an exported model (CPU, offline, tiny models); what no HF class holds is refused."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,6 @@ from eval.samples import write_fixtures
 from eval.scorer import Scorer
 from eval.tasks import tasks_named
 from model import GPT, GPTConfig
-from scripts import export_hf
 from training.checkpoint import Checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -203,13 +205,15 @@ def test_lm_eval_scores_a_hugging_face_tokenizer_export_as_we_do_without_its_spe
     assert scorer.loglikelihood_rolling([text]) == pytest.approx(their_rolling, abs=1e-4)
 
 
-def test_the_cli_names_the_class_and_the_run_guide_says_it(tmp_path, capsys):
+@pytest.mark.slow  # scripts/export_hf.py in a process of its own (transformers imported)
+def test_the_cli_names_the_class_and_the_run_guide_says_it(tmp_path):
     from configs import TrainConfig
     from training import run_folder
     model = random_llama()
     Checkpoint.of_model(model, "byte", step=3).save(tmp_path / "ckpt.pt")
-    export_hf.main([str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")])
-    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'hf'}: LlamaForCausalLM, 4 layers, 128 dims, "
+    result = subprocess.run([sys.executable, "-m", "scripts.export_hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")],
+                            capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}: LlamaForCausalLM, 4 layers, 128 dims, "
                                               f"vocab 320, float32, byte tokenizer, step 3")
     for config, hf_class in ((TrainConfig(model="llama_nano", max_steps=2), "LlamaForCausalLM"),
                              (TrainConfig(model="nano", arch="llama", max_steps=2), "LlamaForCausalLM"),
