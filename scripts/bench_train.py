@@ -3,6 +3,7 @@ and each optimizer's whole step against AdamW's.
 
     python -m scripts.bench_train [--config configs/default.py] [--set key=value ...] [--steps 20]
                                   [--warmup 3] [--compare adamw merit muon ...] [--no-parts] [--json FILE]
+    python -m scripts.bench_train --set tokenizer=byte ... --models gpt2,vocab_size=50304 llama_130m,vocab_size=32128
 
 Trains the config's model in this process (one rank) on random tokens of its tokenizer, written to
 a temporary folder (no data needed), and prints:
@@ -20,7 +21,11 @@ a temporary folder (no data needed), and prints:
   scripts/bench_instruments);
 * with --compare: one trainer per optimizer (the same model, batches and backend), their steps
   interleaved round by round (a shared machine's speed drifts by tens of percent), each one's
-  mean step and its ratio to the first optimizer's.
+  mean step and its ratio to the first optimizer's, its tokens/s and FLOP/s;
+* with --models: the same for one trainer per model preset (the config's optimizer), each
+  ``PRESET[,KEY=VALUE...]`` with its own overrides (a family's vocabulary: the byte tokenizer's
+  random tokens with ``vocab_size`` set run the embedding and LM head of any vocabulary), each
+  one's shape, FLOP/s by its own ``flops_per_token`` and its step's parts.
 
 ``--no-parts`` leaves out the parts and the instruments (each costs steps of its own: for a
 configuration whose steps take minutes, such as a large batch by gradient accumulation).
@@ -163,6 +168,53 @@ def breakdown(trainer, steps: int) -> tuple[dict[str, float], float]:
     return parts, total
 
 
+def compared(args) -> dict[str | None, list[str]]:
+    """{label: its trainer's extra overrides}: the optimizers of --compare, the models of --models,
+    or one trainer of the config as it is (label None)."""
+    if args.compare:
+        return {name: [f"--optimizer={name}", "--optimizer_options={}"] for name in args.compare}
+    if args.models:
+        variants = {}
+        for spec in args.models:
+            name, *settings = spec.split(",")
+            bad = [s for s in settings if "=" not in s]
+            if bad or not name:
+                raise SystemExit(f"bench_train: --models {spec!r}: give PRESET or PRESET,KEY=VALUE,... "
+                                 f"(e.g. llama_130m,vocab_size=32128)")
+            if name in variants:
+                raise SystemExit(f"bench_train: --models names {name!r} twice: give each preset once")
+            variants[name] = [f"--model={name}", *(f"--{setting}" for setting in settings)]
+        return variants
+    return {None: []}
+
+
+def describe(trainer) -> str:
+    """The trainer's model, batch, dtype, device and optimizer in one line."""
+    config, m, model = trainer.config, trainer.model_config, trainer.model
+    return (f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
+            f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
+            f"{config.micro_batch_size} x {trainer.grad_accum}; {trainer.dtype} on {trainer.device} "
+            f"({torch.get_num_threads()} threads); optimizer {config.optimizer}, compile {config.compile}")
+
+
+def throughput(trainer, step_ms: float, peak: float) -> tuple[float, float, str]:
+    """(tokens/s, training FLOP/s by the model's flops_per_token, both in words) of steps of step_ms."""
+    tokens_per_s = trainer.schedule.tokens_per_step(trainer.step) / (step_ms / 1e3)
+    flops = trainer.model.flops_per_token() * tokens_per_s
+    nominal = trainer.parts.find(Speed).peak_flops
+    words = (f"{tokens_per_s:,.0f} tokens/s; {flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a "
+             f"{peak / 1e9:.1f} GFLOP/s {str(trainer.dtype).removeprefix('torch.')} matmul here"
+             + (f", MFU {100 * trainer.model.estimate_mfu(tokens_per_s, nominal):.1f}% of the nominal peak"
+                if nominal else ""))
+    return tokens_per_s, flops, words
+
+
+def print_parts(parts: dict[str, float], parted_ms: float) -> None:
+    print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
+    for name, ms in parts.items():
+        print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
+
+
 def matmul_flops(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
     """FLOP/s of a large square matmul (n = 2048 on a CPU, 8192 on a GPU) in ``dtype``: what the
     device sustains on the operation a transformer's step is made of."""
@@ -179,24 +231,29 @@ def main(argv=None) -> dict:
                         help="a config override, as train.py's --key=value")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (their mean)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--compare", nargs="+", metavar="OPTIMIZER",
+    versus = parser.add_mutually_exclusive_group()
+    versus.add_argument("--compare", nargs="+", metavar="OPTIMIZER",
                         help="optimizers whose whole steps are compared, interleaved, to the first's")
+    versus.add_argument("--models", nargs="+", metavar="PRESET[,KEY=VALUE...]",
+                        help="model presets (each with its own overrides) whose whole steps are compared, "
+                             "interleaved, to the first's")
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True,
                         help="time one step's parts and the log step's instruments (default: yes)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     overrides = [f"--{item}" for item in args.set]
-    names = args.compare or [None]
+    variants = compared(args)
+    names = list(variants)
 
     results = {"config": str(args.config), "overrides": args.set}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
         try:
             for i, name in enumerate(names):
-                extra = [] if name is None else [f"--optimizer={name}", "--optimizer_options={}"]
-                trainers[name] = synthetic_trainer(args.config, overrides + extra, Path(tmp), run_name=f"bench{i}")
+                trainers[name] = synthetic_trainer(args.config, overrides + variants[name], Path(tmp),
+                                                   run_name=f"bench{i}")
             first = trainers[names[0]]
-            device, config, model = first.device, first.config, first.model
+            device, config = first.device, first.config
             for trainer in trainers.values():
                 for _ in range(args.warmup):
                     loop_step(trainer)
@@ -215,38 +272,33 @@ def main(argv=None) -> dict:
 
     # Means, not medians: Sophia-G's extra pass every 10 steps belongs to its average step.
     mean = {name: statistics.fmean(times) for name, times in step_ms.items()}
-    tokens_per_s = first.schedule.tokens_per_step(first.step) / (mean[names[0]] / 1e3)
-    flops = model.flops_per_token() * tokens_per_s
-    m, speed = first.model_config, first.parts.find(Speed)
-    label = names[0] or config.optimizer
-    print(f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
-          f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
-          f"{config.micro_batch_size} x {first.grad_accum}; {first.dtype} on {device} "
-          f"({torch.get_num_threads()} threads); optimizer {label}, compile {config.compile}")
-    print(f"step {mean[names[0]]:.1f} ms (mean of {args.steps}), {tokens_per_s:,.0f} tokens/s; "
-          f"{flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a {peak / 1e9:.1f} GFLOP/s "
-          f"{str(first.dtype).removeprefix('torch.')} matmul here"
-          + (f", MFU {100 * model.estimate_mfu(tokens_per_s, speed.peak_flops):.1f}% of the nominal peak"
-             if speed.peak_flops else ""))
-    results.update(model=config.model, params=model.num_params(), dtype=str(first.dtype), device=str(device),
+    tokens_per_s, flops, words = throughput(first, mean[names[0]], peak)
+    print(describe(first))
+    print(f"step {mean[names[0]]:.1f} ms (mean of {args.steps}), {words}")
+    results.update(model=config.model, params=first.model.num_params(), dtype=str(first.dtype), device=str(device),
                    step_ms=mean[names[0]], tokens_per_s=tokens_per_s, flops=flops, matmul_flops=peak)
     if args.parts:
         parts, parted_ms = parted[names[0]]
         instruments_ms = (measured_ms + probe_ms - ordinary_ms) / config.log_interval
-        print(f"one step by parts ({parted_ms:.1f} ms timed with a device wait at each boundary):")
-        for name, ms in parts.items():
-            print(f"  {name:12s} {ms:9.2f} ms  {100 * ms / parted_ms:5.1f}%")
+        print_parts(parts, parted_ms)
         print(f"  {'instruments':12s} {instruments_ms:9.2f} ms  {100 * instruments_ms / mean[names[0]]:5.1f}%  "
               f"(a log step's, amortised over log_interval {config.log_interval})")
         results.update(parts_ms=parts, parts_step_ms=parted_ms, instruments_ms=instruments_ms)
-    if args.compare:
+    for name in names[1:] if args.models else []:  # each other model's shape and parts
+        print(describe(trainers[name]))
+        if args.parts:
+            print_parts(*parted[name])
+    if args.compare or args.models:
         print(f"whole steps, interleaved ({args.steps} rounds), mean against {names[0]}'s"
               + ("; the optimizer's part of a step:" if args.parts else ":"))
         results["compare"] = {}
         for name in names:
             ratio = mean[name] / mean[names[0]]
-            results["compare"][name] = {"step_ms": mean[name], "ratio": ratio}
-            line = f"  {name:10s} {mean[name]:9.1f} ms  {ratio:6.3f}x"
+            name_tokens_per_s, name_flops, _ = throughput(trainers[name], mean[name], peak)
+            results["compare"][name] = {"step_ms": mean[name], "ratio": ratio, "tokens_per_s": name_tokens_per_s,
+                                        "flops": name_flops, "params": trainers[name].model.num_params()}
+            line = (f"  {name:10s} {mean[name]:9.1f} ms  {ratio:6.3f}x  {name_tokens_per_s:10,.0f} tokens/s  "
+                    f"{name_flops / 1e9:7.1f} GFLOP/s = {100 * name_flops / peak:4.1f}%")
             if args.parts:
                 name_parts, name_ms = parted[name]
                 optimizer_ms = name_parts.get("optimizer", 0.0)

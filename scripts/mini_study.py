@@ -5,6 +5,8 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --archive docs/mini_study/runs.tar.xz   # and pack what it read
     python -m scripts.mini_study --batches 16,256 --optimizers adamw,merit --seeds 2   # a smaller one
     python -m scripts.mini_study --preset benchmark --archive docs/mini_study/benchmark.tar.xz
+    python -m scripts.mini_study --preset llama_cures --archive docs/mini_study/llama_cures.tar.xz
+    python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -27,6 +29,12 @@ the paper preset's committed archive (``BESIDE``), so that its report, figures a
 five against them (its archive refers to those records in the paper's instead of copying them). Its grid centres are not a pilot's: each is the lr its nearest relative selected
 here (AdamW's for the Adam family, Muon's for D-Muon), and the grid grows where that was wrong.
 
+``--preset llama_cures``: the five cures for runaway logits on the small Llama (``CURES``: AdamW with
+QK-Norm, z-loss, QK-Clip or soft-capping, and MERIT, beside plain AdamW) at one batch, 64 sequences
+(4,096 tokens a step, above the critical batch this axis found), one seed, on the same data, budget
+and protocol; the grid centres are the paper preset's AdamW's and MERIT's. Written to
+runs/mini_study_llama_cures.
+
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
 number read on heldout/loss, validation tokens the choice never saw) and ``figures/``
@@ -45,6 +53,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from atomic import atomic_write
 from study import sweep
@@ -84,11 +93,42 @@ BENCHMARK = {  # the 2025 benchmark's optimizers, their published settings (opti
     "adamw_schedulefree": ({"optimizer": "adamw_schedulefree", "lr_schedule": "constant"}, 3e-3, 0.0),
     "dmuon": ({"optimizer": "dmuon"}, 2e-2, 0.5),
 }
+# The five cures for runaway logits on the small Llama (llama_nano's shape: the base's 4 layers and 4
+# heads at its own 128 dims), each beside plain AdamW, at one batch above the critical batch. Their
+# thresholds bind at this scale: plain AdamW's largest attention logit peaks at 34 at its best lr
+# here and its largest output logit at 10, which Kimi K2's tau 100 and Gemma 2's caps (50 on the
+# attention logits, 30 on the output's) would never touch; tau and the attention cap hold the
+# attention logits to about half of AdamW's peak, the output cap bends its largest logits by a quarter.
+CURES_QK_CLIP_TAU = 15.0
+CURES_ATTN_SOFTCAP, CURES_FINAL_SOFTCAP = 15.0, 10.0
+CURES = {
+    "adamw": ({"optimizer": "adamw"}, 3e-3, 0.0),
+    "adamw_qknorm": ({"optimizer": "adamw", "qk_norm": "rmsnorm"}, 3e-3, 0.0),
+    "adamw_zloss": ({"optimizer": "adamw", "z_loss": 1e-4}, 3e-3, 0.0),  # PaLM's weight
+    "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": CURES_QK_CLIP_TAU}, 3e-3, 0.0),
+    "adamw_softcap": ({"optimizer": "adamw", "attn_logit_softcap": CURES_ATTN_SOFTCAP,
+                       "final_logit_softcap": CURES_FINAL_SOFTCAP}, 3e-3, 0.0),
+    "merit": ({"optimizer": "merit"}, 3e-2, 0.5),
+}
 ARCHIVE = ROOT / "docs/mini_study/runs.tar.xz"  # the paper preset's committed records
 BESIDE = ("adamw", "merit", "muon")  # what the benchmark preset is placed against, from ARCHIVE
-PRESETS = {  # name: (its optimizers, those at the largest batch only, the default out, the paper's runs beside)
-    "paper": (OPTIMIZERS, EXTRAS, Path("runs/mini_study"), ()),
-    "benchmark": (BENCHMARK, {}, Path("runs/mini_study_benchmark"), BESIDE),
+
+
+class Preset(NamedTuple):
+    optimizers: dict  # name: (config changes, grid centre at REFERENCE_BATCH, its exponent in the batch)
+    largest_batch_only: dict  # the same, run at the largest batch only
+    out: Path  # the default --out
+    beside: tuple[str, ...]  # the paper preset's optimizers whose records it is placed against (ARCHIVE)
+    base: dict  # changes to BASE
+    batches: tuple[int, ...]  # the default --batches
+    seeds: int  # the default --seeds
+
+
+PRESETS = {
+    "paper": Preset(OPTIMIZERS, EXTRAS, Path("runs/mini_study"), (), {}, BATCHES, 3),
+    "benchmark": Preset(BENCHMARK, {}, Path("runs/mini_study_benchmark"), BESIDE, {}, BATCHES, 3),
+    "llama_cures": Preset(CURES, {}, Path("runs/mini_study_llama_cures"), (), {"model": "llama_nano", "n_embd": 128},
+                          (64,), 1),
 }
 
 
@@ -154,6 +194,16 @@ class Studied:
         return self.add([selection.lr], seeds) if selection and len(selection.runs) < len(seeds) + 1 else []
 
 
+def write_base(out: Path, preset: Preset, data_dir: str) -> Path:
+    """The preset's base config, written as out/base.py (every point's file is the base with its changes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / "base.py"
+    settings = {**BASE, **preset.base, "data_dir": data_dir}
+    base.write_text("# The mini-study's base config (scripts/mini_study.py writes it).\n"
+                    + "".join(f"{key} = {value!r}\n" for key, value in settings.items()))
+    return base
+
+
 def run(points: list[sweep.Point], jobs: int) -> None:
     if points:
         sweep.launch_local(points, nproc=1, jobs=jobs)
@@ -171,13 +221,17 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=PRESETS, default="paper",
                         help="paper: AdamW, LAMB, MERIT, Muon (and two at the largest batch only); benchmark: the "
-                             "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon")
-    parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark")
+                             "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon; llama_cures: "
+                             "the five logit cures on the small Llama")
+    parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark, "
+                                                 "runs/mini_study_llama_cures")
     parser.add_argument("--optimizers", help=f"comma-separated (default: the preset's), of: "
                                              f"{', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the largest "
-                                             f"batch only) or {', '.join(BENCHMARK)}")
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="global batches (sequences)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds at each point's best lr")
+                                             f"batch only), {', '.join(BENCHMARK)} or {', '.join(CURES)}")
+    parser.add_argument("--batches", help="global batches (sequences; default: the preset's, "
+                                          f"{','.join(map(str, BATCHES))} or llama_cures' 64)")
+    parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "
+                                                  "llama_cures' 1)")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
     parser.add_argument("--extend", type=int, default=2, help="times a grid may grow past an edge")
     parser.add_argument("--data-dir", default=DATA, help=f"byte-token shards (default {DATA}, prepared if missing)")
@@ -185,33 +239,39 @@ def main(argv=None) -> None:
     parser.add_argument("--archive", type=Path, help="also pack the runs' configs and metrics into this .tar.xz")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a change to the base config (e.g. n_layer=2)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="write the base and stage 1's point files, print them, train nothing")
     args = parser.parse_args(argv)
-    every_batch, largest_batch, default_out, beside = PRESETS[args.preset]
+    preset = PRESETS[args.preset]
+    every_batch, largest_batch, beside = preset.optimizers, preset.largest_batch_only, preset.beside
     known = {**every_batch, **largest_batch}
     names = args.optimizers.split(",") if args.optimizers else list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
         sys.exit(f"mini_study: optimizers {unknown} are not the {args.preset} preset's: choose from "
                  f"{', '.join(known)}, or another --preset")
-    batches = sorted(int(b) for b in args.batches.split(","))
+    batches = sorted(int(b) for b in args.batches.split(",")) if args.batches else list(preset.batches)
+    n_seeds = preset.seeds if args.seeds is None else args.seeds
     start = time.perf_counter()
     if args.data_dir == DATA and not (ROOT / DATA / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "data.prepare", "shakespeare", "--tokenizer", "byte"], cwd=ROOT,
                        check=True)
     data_dir = args.data_dir if args.data_dir == DATA else str(Path(args.data_dir).resolve())
-    out = (args.out or default_out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    base = out / "base.py"
-    base.write_text("# The mini-study's base config (scripts/mini_study.py writes it).\n"
-                    + "".join(f"{key} = {value!r}\n" for key, value in {**BASE, "data_dir": data_dir}.items()))
+    out = (args.out or preset.out).resolve()
+    base = write_base(out, preset, data_dir)
     overrides = [f"--{item}" for item in args.set]
     block = int(dict(item.split("=", 1) for item in args.set).get("block_size", BLOCK))
     studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block)
                for name in names for batch in batches if name in every_batch or batch == batches[-1]]
 
     print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
-    run([p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])], args.jobs)
-    seeds = list(range(1, args.seeds))
+    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])]
+    if args.dry_run:
+        print(sweep.table(first))
+        print(f"mini-study: a dry run: {base} and {len(first)} point files written under {out}, nothing trained")
+        return
+    run(first, args.jobs)
+    seeds = list(range(1, n_seeds))
     while True:
         if grown := [p for s in studied for p in s.grow(args.extend)]:
             print(f"mini-study stage 1: {len(grown)} grids grow past an edge")

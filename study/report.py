@@ -154,6 +154,43 @@ def max_logit_table(study: Study, best: dict) -> str:
     return table(["point", "batch", "lr", *(k.removeprefix("max_logit/") for k in layers)], rows)
 
 
+def largest_layer(run: Run, stat: str, final: bool) -> float:
+    """The largest layer's final (or peak) per-layer ``stat`` of the run (NaN if it logged none)."""
+    values = [run.final(k) if final else run.peak(k) for k in run.layer_keys(stat)]
+    return max((v for v in values if v is not None), default=math.nan)
+
+
+def logit_cure_table(study: Study, best: dict) -> str | None:
+    """Where some run soft-capped its logits or added z-loss: per point, batch and lr, the max
+    attention logit (the largest layer) and the LM head's largest absolute logit, raw (the probe's
+    q.k, what a cap acts on) and capped (what the softmax saw), peak / final, and the final log Z
+    (what z-loss pulls to 0), means over seeds."""
+    cures = ("attn_logit_softcap", "final_logit_softcap", "z_loss")
+    if not any(r.config.get(key) for r in study.runs for key in cures):
+        return None
+
+    def cell(seeds: list[Run], value) -> str:
+        peaks, finals = summary([value(r, False) for r in seeds]), summary([value(r, True) for r in seeds])
+        return f"{peaks.mean:.3g} / {finals.mean:.3g}" if peaks.n else "-"
+
+    def output(key: str):
+        return lambda run, final: run.final(key) if final else run.peak(key)
+
+    rows = []
+    for (label, batch), by_lr in study.points().items():
+        selected = best[(label, batch)].lr if (label, batch) in best else None
+        for lr, seeds in by_lr.items():
+            log_z = summary([r.final("output/log_z") for r in seeds])
+            rows.append([label, str(batch), f"{lr:g}" + (" (selected)" if lr == selected else ""),
+                         cell(seeds, lambda run, final: largest_layer(run, "max_logit", final)),
+                         cell(seeds, lambda run, final: largest_layer(run, "max_logit_capped", final)),
+                         cell(seeds, output("output/max_abs_logit")),
+                         cell(seeds, output("output/max_abs_logit_capped")),
+                         f"{log_z.mean:.3g}" if log_z.n else "-"])
+    return table(["point", "batch", "lr", "max attention logit", "capped", "largest output logit (absolute)", "capped",
+                  "final log Z"], rows)
+
+
 def target_table(best: dict, target: float, key: str) -> str:
     rows = []
     for (label, batch), selection in best.items():
@@ -262,9 +299,13 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
             sections += [f"## Against {optimizer} ({report_on})", comparison]
     sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
-                 max_logit_table(study, best),
-                 f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over seeds)",
-                 target_table(best, target, report_on)]
+                 max_logit_table(study, best)]
+    cures = logit_cure_table(study, best)
+    if cures:
+        sections += ["## Logits raw and soft-capped, and log Z, every lr (largest layer; peak / final, mean over "
+                     "seeds)", cures]
+    sections += [f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over "
+                 f"seeds)", target_table(best, target, report_on)]
     ramps = ramp_table(runs, report_on)
     if ramps:
         sections += [f"## Batch ramps against constant batches ({report_on})", ramps]

@@ -54,7 +54,7 @@ OPTIMIZER_FIXED_KEYS = ("lr_schedule",)
 BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
-LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "batch_size",
+LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "z_loss", "attn_logit_softcap", "final_logit_softcap", "batch_size",
             *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
 # A run recorded before a key existed trained with its default (as a resume reads an older
 # checkpoint): its point has that value, so that old and new records of one point stay one point.
@@ -75,14 +75,18 @@ class Run:
 
     @property
     def optimizer_label(self) -> str:
-        """The optimizer with its ablation, QK-Norm and QK-Clip if any: "merit (maxLAMB)",
-        "adamw + qk_norm", "muon + qk_clip 100"."""
+        """The optimizer with its ablation and logit cures if any: "merit (maxLAMB)", "adamw + qk_norm",
+        "muon + qk_clip 100", "adamw + z_loss 0.0001", "adamw + softcap 50/30" (attention / output)."""
         options = self.config.get("optimizer_options") or {}
         ablations = [name for (key, value), name in ABLATIONS.items() if options.get(key) == value]
         label = self.config["optimizer"] + (f" ({', '.join(ablations)})" if ablations else "")
         label += " + qk_norm" if self.config.get("qk_norm") else ""
         tau = self.config.get("qk_clip_tau")
-        return label + (f" + qk_clip {tau:g}" if tau is not None else "")
+        label += f" + qk_clip {tau:g}" if tau is not None else ""
+        label += f" + z_loss {self.config['z_loss']:g}" if self.config.get("z_loss") else ""
+        caps = [self.config.get("attn_logit_softcap"), self.config.get("final_logit_softcap")]
+        return label + (" + softcap " + "/".join("-" if cap is None else f"{cap:g}" for cap in caps)
+                        if any(cap is not None for cap in caps) else "")
 
     @functools.cached_property
     def point(self) -> tuple[tuple[str, object], ...]:

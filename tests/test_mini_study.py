@@ -8,6 +8,7 @@ import tarfile
 
 import pytest
 
+from configs import load_config
 from helpers import ROOT
 from study.report import report
 from study.runs import Study, find_runs
@@ -77,3 +78,31 @@ def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_re
     text = (out / "report.md").read_text()
     assert report(runs, None, "val/loss", "heldout/loss") == text
     assert "| adamw_schedulefree, " in text and "| merit, " in text and "| muon, " in text
+
+
+def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_small_llama(tmp_path):
+    """--preset llama_cures, planned only (--dry-run): at batch 64, AdamW's grid and each cure's
+    grid of the same three lrs, each point AdamW's but for its cure's keys, on llama_nano's shape."""
+    out = tmp_path / "cures"
+    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=llama_cures", "--dry-run",
+                             f"--out={out}", f"--data-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
+    configs = {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
+    assert {(name, lr) for name, batch, lr in configs} == {
+        *((name, lr) for name in ("adamw", "adamw_qknorm", "adamw_zloss", "adamw_qkclip", "adamw_softcap")
+          for lr in ("lr0.001_s0", "lr0.003_s0", "lr0.009_s0")),
+        *(("merit", lr) for lr in ("lr0.00707_s0", "lr0.0212_s0", "lr0.0636_s0"))}  # 3e-2 x sqrt(64 / 128)
+    cures = {"adamw_qknorm": {"qk_norm": "rmsnorm"}, "adamw_zloss": {"z_loss": 1e-4},
+             "adamw_qkclip": {"qk_clip_tau": 15.0}, "adamw_softcap": {"attn_logit_softcap": 15.0,
+                                                                     "final_logit_softcap": 10.0}}
+    for (name, batch, lr), config in configs.items():
+        assert batch == "b64" and config["batch_size"] == 64 and config["max_tokens"] == 1_048_576
+        model = load_config(str(out / name / batch / lr / "point.py")).model_config(257)
+        assert (model.arch, model.n_layer, model.n_head, model.n_embd, model.block_size) == ("llama", 4, 4, 128, 64)
+        if name in cures:
+            adamw = configs[("adamw", batch, lr)]
+            changed = {key: value for key, value in config.items() if value != adamw[key] and key != "out_dir"}
+            assert changed == cures[name], name
+    assert {configs[key]["optimizer"] for key in configs if key[0] == "merit"} == {"merit"}

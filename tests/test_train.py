@@ -157,6 +157,21 @@ def test_incompatible_checkpoint_message(tmp_path):
                                                    "stop_at_step": 0}, tmp_path, total_steps=10)
 
 
+def test_a_checkpoint_from_before_the_llama_fields_resumes_and_another_family_is_refused(tmp_path):
+    """A GPT-2 checkpoint written before arch, intermediate_size, norm_eps, rope_theta and the soft-caps
+    existed is the model those fields' defaults build: resuming it changes nothing; a Llama config is refused."""
+    from model import GPTConfig
+    now = vars(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    old = {key: now[key] for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias",
+                                     "scale_attn_by_inverse_layer_idx", "qk_norm")}
+    checkpoint = small_checkpoint(1, 1.0)
+    checkpoint.model_args = old
+    config = {"tokenizer": "byte", "optimizer": "merit", "batch_size": 4, "stop_at_step": 0}
+    assert checkpoint.changes_on_resume(now, config, tmp_path, total_steps=10) == []
+    with pytest.raises(ValueError, match=r"arch: checkpoint 'gpt2', now 'llama'"):
+        checkpoint.changes_on_resume({**now, "arch": "llama"}, config, tmp_path, total_steps=10)
+
+
 def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
     small_checkpoint(1, 1.0).save(path)
@@ -217,6 +232,22 @@ def test_validation_loss_falls(byte_shards, tmp_path):
     assert len(val) == 3 and val[-1] < 0.8 * val[0], val  # from ~ln(320) = 5.8 towards the text's entropy
     logits = [r for r in read_metrics(tmp_path / "default") if "max_logit/layer_00" in r]
     assert all(r["max_logit/layer_00"] > 0 for r in logits)
+
+
+def test_the_small_llama_config_trains_a_llama(byte_shards, tmp_path):
+    """configs/llama_cpu.py, shortened (its lr, optimizer and model): a Llama block trains, its loss falls."""
+    from training.parallel import load_model
+    train_here("configs/llama_cpu.py", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12",
+               "--warmup_steps=2", "--block_size=64", "--batch_size=4", "--micro_batch_size=4", "--eval_interval=12",
+               "--log_interval=6", "--val_tokens=1024", "--probe_batch_size=2", "--sample_tokens=0")
+    records = read_metrics(tmp_path / "llama_cpu")
+    val = [r["val/loss"] for r in records if "val/loss" in r]
+    assert len(val) == 2 and val[-1] < 0.9 * val[0], val  # from ~ln(320) = 5.8
+    assert sorted(k for k in records[-2] if k.startswith("max_logit/layer_") and k.count("/") == 1) == [
+        f"max_logit/layer_0{i}" for i in range(4)]
+    model, _ = load_model(tmp_path / "llama_cpu" / CHECKPOINT_NAME)
+    assert model.config.arch == "llama" and model.config.n_embd == 128
+    assert model.lm_head.weight is not model.transformer.wte.weight  # untied, as Llama's
 
 
 def test_heldout_loss_is_the_model_s_loss_on_the_val_tokens_after_val_tokens(byte_shards, tmp_path):

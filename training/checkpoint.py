@@ -156,8 +156,12 @@ class Checkpoint:
         continues the old one), and a ``total_steps`` or ``stop_at_step`` that leaves nothing to
         train. (A new batch or batch schedule applies from the step: the checkpoint's batch phases
         keep the tokens of the steps before.)"""
-        # (the checkpoint's model as this code builds it: a field added since it was written takes its default)
-        saved = vars(self.model_config(path))
+        # The checkpoint's model as this code builds it, so that a field added since it was written
+        # compares at its default (else, model_args this code cannot build, as they are).
+        try:
+            saved = vars(self.model_config(path))
+        except ValueError:
+            saved = self.model_args
         fixed = [f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
                  for key, value in model_args.items() if key != "dropout" and saved.get(key) != value]
         changed = {key: (self.config[key], config[key]) for key in sorted(RECORDED)
