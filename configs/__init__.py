@@ -104,14 +104,15 @@ class TrainConfig:
     scale_attn_by_inverse_layer_idx: bool | None = role("experiment", None)
     # "layernorm" or "rmsnorm" on each head's q and k (the QK-Norm baseline)
     qk_norm: str | None = role("experiment", None)
-    arch: str | None = role("experiment", None)  # "gpt2" or "llama" (model.py's docstring): a preset's shape, another family
+    # "gpt2" or "llama" (model.py's docstring): a preset's shape in another family
+    arch: str | None = role("experiment", None)
     intermediate_size: int | None = role("experiment", None)  # the MLP's hidden width (4 x n_embd; Llama 8/3)
     norm_eps: float | None = role("experiment", None)  # the norms' epsilon (GPT-2 1e-5, Llama 1e-6)
     rope_theta: float | None = role("experiment", None)  # Llama's rotary base (10,000)
-    # Gemma 2's soft-cap, cap * tanh(x / cap), of the attention logits (Gemma 2: 50.0) and, apart, of the
-    # LM head's logits (30.0): the fifth logit cure beside QK-Norm, z-loss, QK-Clip and MERIT
+    # Gemma 2's soft-cap, cap * tanh(x / cap), of the attention logits (Gemma 2: 50.0; None: off): the fifth
+    # logit cure beside QK-Norm, z-loss, QK-Clip and MERIT
     attn_logit_softcap: float | None = role("experiment", None)
-    final_logit_softcap: float | None = role("experiment", None)
+    final_logit_softcap: float | None = role("experiment", None)  # the same of the LM head's logits (Gemma 2: 30.0)
     vocab_size: int | None = role("experiment", None)  # None: the tokenizer's vocabulary padded to a multiple of 64
 
     # --- batch: GLOBAL sequences per optimizer step; accumulation = batch / (micro x ranks) ---

@@ -47,7 +47,8 @@ def load(args) -> tuple[GPT, str, dict]:
     """(model, tokenizer name, description of where it came from, with its weights' hash)."""
     if args.hf:
         model = from_hf(args.hf)
-        return model, hf_folder_tokenizer(Path(args.hf), model), {"hf": str(args.hf), "model_sha256": model_sha256(model)}
+        source = {"hf": str(args.hf), "model_sha256": model_sha256(model)}
+        return model, hf_folder_tokenizer(Path(args.hf), model), source
     model, checkpoint = load_model(Path(args.ckpt))
     return model, checkpoint.config["tokenizer"], {"ckpt": str(args.ckpt), "step": checkpoint.step,
                                                    "model_sha256": model_sha256(model),

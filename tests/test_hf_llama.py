@@ -171,7 +171,8 @@ def test_a_hugging_face_tokenizer_is_saved_with_the_model(tmp_path):
     source = hf_tokenizer_folder(tmp_path / "tokenizer")
     model = random_llama(vocab_size=192)
     out = export(model, tmp_path, tokenizer=str(source))
-    theirs, original = transformers.AutoTokenizer.from_pretrained(out), transformers.AutoTokenizer.from_pretrained(source)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    original = transformers.AutoTokenizer.from_pretrained(source)
     for text in ("the king speaks", "gold </s> stone", "unseen wörds"):
         assert theirs.encode(text) == original.encode(text) and theirs.encode(text)[-1] == 1, text
         assert theirs(text, add_special_tokens=False)["input_ids"] == get_tokenizer(str(source)).encode(text)
@@ -211,8 +212,8 @@ def test_the_cli_names_the_class_and_the_run_guide_says_it(tmp_path):
     from training import run_folder
     model = random_llama()
     Checkpoint.of_model(model, "byte", step=3).save(tmp_path / "ckpt.pt")
-    result = subprocess.run([sys.executable, "-m", "scripts.export_hf", str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")],
-                            capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    result = subprocess.run([sys.executable, "-m", "scripts.export_hf", str(tmp_path / "ckpt.pt"),
+                             str(tmp_path / "hf")], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}: LlamaForCausalLM, 4 layers, 128 dims, "
                                               f"vocab 320, float32, byte tokenizer, step 3")
     for config, hf_class in ((TrainConfig(model="llama_nano", max_steps=2), "LlamaForCausalLM"),
