@@ -239,6 +239,8 @@ def main(argv=None) -> None:
     parser.add_argument("--archive", type=Path, help="also pack the runs' configs and metrics into this .tar.xz")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a change to the base config (e.g. n_layer=2)")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="the report and archive only (python -m scripts.plot draws the figures from either)")
     parser.add_argument("--dry-run", action="store_true",
                         help="write the base and stage 1's point files, print them, train nothing")
     args = parser.parse_args(argv)
@@ -288,14 +290,16 @@ def main(argv=None) -> None:
     with atomic_write(out / "report.md", "w") as f:
         f.write(tables)
     print(tables, end="")
-    draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
+    if not args.no_figures:
+        draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
     if args.archive:
         pack_runs(runs, out, args.archive, beside=(ARCHIVE, beside) if beside else None)
     minutes = (time.perf_counter() - start) / 60
     # A run that diverges (nonfinite="stop" ends it) is a result of the study, not a failure of it:
     # the report lists it, and a rerun tries it again.
     print(f"mini-study: {len(runs)} runs, {sum(not r.finished for r in runs)} did not finish, {minutes:.1f} "
-          f"minutes; {out / 'report.md'}, {out / 'figures'}" + (f", {args.archive}" if args.archive else ""))
+          f"minutes; {out / 'report.md'}" + ("" if args.no_figures else f", {out / 'figures'}")
+          + (f", {args.archive}" if args.archive else ""))
 
 
 if __name__ == "__main__":
