@@ -244,3 +244,11 @@ def test_the_logged_probe_has_the_capped_maxima_beside_the_raw_ones():
     raw = record["output/max_abs_logit"]
     assert record["output/max_abs_logit_capped"] == pytest.approx(2.0 * math.tanh(raw / 2.0), rel=1e-12)
     assert not any("capped" in key for key in probe_record(tiny_llama(), tokens(model, 2, 11)))
+
+
+def test_the_noise_scale_s_qk_group_is_every_block_s_q_and_k_projection():
+    from training.noise_scale import gpt_groups
+    model = tiny_llama()
+    qk = gpt_groups(model)["attn_qk"]
+    expected = [w for block in model.transformer.h for w in (block.attn.q_proj.weight, block.attn.k_proj.weight)]
+    assert [p for p, _ in qk] == expected and all(rows == slice(None) for _, rows in qk)
