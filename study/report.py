@@ -41,9 +41,15 @@ def selected_finals(selection: Selection, key: str) -> list[float | None]:
     return [r.final(key) for r in selection.runs]
 
 
+def largest_layer(run: Run, stat: str, final: bool) -> float:
+    """The largest layer's final (or peak) per-layer ``stat`` of the run (NaN if it logged none)."""
+    values = [run.final(k) if final else run.peak(k) for k in run.layer_keys(stat)]
+    return max((v for v in values if v is not None), default=math.nan)
+
+
 def peak_logit(run: Run) -> float:
     """The largest per-layer max attention logit over the run (NaN if it logged none)."""
-    return max((run.peak(k) for k in run.layer_keys("max_logit")), default=math.nan)
+    return largest_layer(run, "max_logit", final=False)
 
 
 def _lr(selection: Selection) -> str:
@@ -119,7 +125,7 @@ def grid_table(study: Study) -> str:
             done = [r for r in seeds if r.finished]
             loss = _mean([r.final(study.select_on) for r in done]) if done else "did not finish"
             peaks = [peak_logit(r) for r in seeds]
-            finals = [max((r.final(k) for k in r.layer_keys("max_logit")), default=math.nan) for r in done]
+            finals = [largest_layer(r, "max_logit", final=True) for r in done]
             rows.append([label, str(batch), f"{lr:g}", loss, f"{len(done)} of {len(seeds)}",
                          f"{max(peaks):.3g}" if peaks else "-",
                          f"{summary(finals).mean:.3g}" if done else "-"])
@@ -152,12 +158,6 @@ def max_logit_table(study: Study, best: dict) -> str:
                 row.append(f"{summary(peaks).mean:.3g} / {summary(finals).mean:.3g}")
             rows.append(row)
     return table(["point", "batch", "lr", *(k.removeprefix("max_logit/") for k in layers)], rows)
-
-
-def largest_layer(run: Run, stat: str, final: bool) -> float:
-    """The largest layer's final (or peak) per-layer ``stat`` of the run (NaN if it logged none)."""
-    values = [run.final(k) if final else run.peak(k) for k in run.layer_keys(stat)]
-    return max((v for v in values if v is not None), default=math.nan)
 
 
 def logit_cure_table(study: Study, best: dict) -> str | None:
