@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from atomic import atomic_directory
 from data.tokenizer import BUILT_IN, get_tokenizer
-from model import GPT, GPTConfig
+from model import GPT, HF_CLASSES, GPTConfig
 from training.checkpoint import Checkpoint
 from training.parallel import load_model
 
@@ -56,8 +56,7 @@ LLAMA_NAMES = (
     ("transformer.h.{}.attn.", "model.layers.{}.self_attn."),
     ("transformer.h.{}.mlp.", "model.layers.{}.mlp."),
 )
-# For each arch: the family's name and the Hugging Face class an export is.
-FAMILIES = {"gpt2": ("GPT-2", "GPT2LMHeadModel"), "llama": ("Llama", "LlamaForCausalLM")}
+FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # each arch's name in errors
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EOT = "<|endoftext|>"
 
@@ -199,7 +198,7 @@ def to_hf(model: GPT, eos_token_id: int | None = None) -> tuple[dict, dict]:
     """The equivalent Hugging Face model, GPT2LMHeadModel or LlamaForCausalLM as the model's arch:
     (config.json's fields, HF-named CPU tensors). eos_token_id is the bos and eos token of the config."""
     cfg = model.config
-    family, hf_class = FAMILIES[cfg.arch]
+    family, hf_class = FAMILIES[cfg.arch], HF_CLASSES[cfg.arch]
     evaluate_instead = "evaluate its checkpoint with python -m eval instead"
     if cfg.qk_norm is not None:
         raise ValueError(f"a model with qk_norm={cfg.qk_norm!r} has no Hugging Face {family} equivalent ({hf_class} "

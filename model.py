@@ -48,6 +48,7 @@ PRESETS = {
 }
 
 ARCHS = ("gpt2", "llama")
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # what each exports as (hf.py)
 QK_NORMS = (None, "layernorm", "rmsnorm")
 NORM_EPS = {"gpt2": 1e-5, "llama": 1e-6}  # torch's LayerNorm default; GaLore's Llama (rms_norm_eps)
 

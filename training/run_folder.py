@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from configs import TrainConfig
-from model import PRESETS
+from model import HF_CLASSES
 from training import distributed
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
 from training.distributed import Distributed
@@ -161,7 +161,7 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
         longer = [f"{length}={2 * (config.max_steps or config.max_tokens)}", f"--allow_changes={length[2:]}"]
         resume_line = (f"train on  {shlex.join([*resume, *longer])}  (any longer run; the lr schedule follows "
                        f"the new length)")
-    arch = config.arch or PRESETS[config.model].get("arch", "gpt2")  # (which Hugging Face class it exports as)
+    hf_class = HF_CLASSES[config.model_config(n_vocab=1).arch]  # (the model's family; its vocabulary aside)
     return "\n".join([f"run folder {run_dir}:",
                       f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
                       f"  metrics     {run_dir / 'metrics.jsonl'}",
@@ -170,7 +170,7 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
                       f"add --samples)",
                       resume_line,
                       f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
-                      f"{'LlamaForCausalLM' if arch == 'llama' else 'GPT2LMHeadModel'} folder)"])
+                      f"{hf_class} folder)"])
 
 
 def lock(run_dir: Path, seen: list, ctx: Distributed) -> RunLock:
