@@ -1,7 +1,8 @@
 """What the tests share besides fixtures (those, and pytest's hooks, are conftest.py's): the
 repository's root, the text of a small corpus, the tiny run most train.py tests start from and a
 run folder's metrics, runners for train.py (a new process, or ``train.main`` in this one), the
-backends' skip and a guard against host reads. A test imports it as ``helpers``: pytest puts
+backends' skip and a guard against host reads, and what the data-preparation tests share (random
+documents, an llm.c shard reader, a preparation killed part way). A test imports it as ``helpers``: pytest puts
 tests/ on sys.path to import conftest.py and the test modules beside it."""
 
 import io
@@ -9,6 +10,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import warnings
@@ -116,3 +118,52 @@ def no_host_reads():
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
+
+
+# ---- data preparation: documents, llm.c's shard format, a preparation killed part way ----
+
+# Words with multi-byte characters and a newline, so that tokenizers and byte shards see both.
+MIXED_WORDS = "the of and café naïve 東京 model batch trust ratio — attention logit\n".split(" ")
+
+
+def llmc_read(path: Path) -> list[int]:
+    """llm.c's shard format read from its description: 256 little-endian int32 (magic 20240520,
+    version 1, token count, ...), then the tokens as little-endian uint16."""
+    raw = path.read_bytes()
+    magic, version, count = struct.unpack("<3i", raw[:12])
+    assert (magic, version) == (20240520, 1) and len(raw) == 1024 + 2 * count
+    return list(struct.unpack(f"<{count}H", raw[1024:]))
+
+
+def split_streams(out_dir: Path, manifest: dict | None = None) -> dict[str, list[int]]:
+    """Each split's tokens, its shards read in order by llmc_read (manifest: out_dir's, by default)."""
+    manifest = manifest or json.loads((out_dir / "manifest.json").read_text())
+    return {split: [t for shard in manifest["splits"][split]["shards"] for t in llmc_read(out_dir / shard["file"])]
+            for split in ("train", "val")}
+
+
+def random_documents(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(MIXED_WORDS) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+# Kill the preparation (SIGKILL: no cleanup) at a point chosen by patching one function, then
+# rerun it normally: the result must be byte-identical to an uninterrupted run, and the shards
+# finished by the last checkpoint before the kill must not be rewritten.
+PREPARE_KILLER = """
+import os, signal, sys
+import data.prepare, data.shards
+data.prepare.DOCUMENTS_PER_BATCH = 300
+target, nth = {target!r}, {nth}
+owner = data.shards.ShardWriter
+original = getattr(owner, target)
+calls = []
+def killing(self, *args):
+    result = original(self, *args)
+    calls.append(1)
+    if len(calls) == nth:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+setattr(owner, target, killing)
+data.prepare.main(sys.argv[1:])
+"""

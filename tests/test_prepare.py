@@ -2,7 +2,6 @@
 kill, reuse; shards checked with an llm.c reader written here from the format description."""
 import json
 import os
-import random
 import struct
 import subprocess
 import sys
@@ -19,23 +18,9 @@ from data import assets
 from data.loader import TokenLoader
 from data.prepare import files_corpus, main, prepare, prepare_shakespeare
 from data.tokenizer import get_tokenizer
+from helpers import PREPARE_KILLER, random_documents, split_streams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WORDS = "the of and café naïve 東京 model batch trust ratio — attention logit\n".split(" ")
-
-
-def llmc_read(path: Path) -> list[int]:
-    """llm.c's shard format read from its description: 256 little-endian int32 (magic 20240520,
-    version 1, token count, ...), then the tokens as little-endian uint16."""
-    raw = path.read_bytes()
-    magic, version, count = struct.unpack("<3i", raw[:12])
-    assert (magic, version) == (20240520, 1) and len(raw) == 1024 + 2 * count
-    return list(struct.unpack(f"<{count}H", raw[1024:]))
-
-
-def documents(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
 def write_hub_parquet(root: Path, docs: list[str], files: int = 2) -> Path:
@@ -48,11 +33,6 @@ def write_hub_parquet(root: Path, docs: list[str], files: int = 2) -> Path:
         table = pa.table({"text": docs[index * per_file:(index + 1) * per_file]})
         pq.write_table(table, folder / f"{index:04d}.parquet", row_group_size=400)
     return root
-
-
-def split_streams(out_dir: Path, manifest: dict) -> dict[str, list[int]]:
-    return {split: [t for shard in manifest["splits"][split]["shards"] for t in llmc_read(out_dir / shard["file"])]
-            for split in ("train", "val")}
 
 
 def expected_streams(docs: list[str], val_ids: set[int], encode, eot: int) -> dict[str, list[int]]:
@@ -70,7 +50,7 @@ def nanogpt_val_ids(n: int, val_fraction: float, seed: int) -> set[int]:
 
 @pytest.fixture(scope="module")
 def owt(tmp_path_factory) -> tuple[Path, list[str]]:
-    docs = documents(4100, seed=0)  # 0.05% of 4,100: three val documents
+    docs = random_documents(4100, seed=0)  # 0.05% of 4,100: three val documents
     return write_hub_parquet(tmp_path_factory.mktemp("owt"), docs), docs
 
 
@@ -112,26 +92,6 @@ def test_two_workers_write_the_same_bytes_as_one(owt, tmp_path):
     assert outputs[0] == outputs[1] and len(outputs[0]) > 4
 
 
-# Kill the preparation (SIGKILL: no cleanup) at a point chosen by patching one function, then
-# rerun it normally: the result must be byte-identical to an uninterrupted run, and the shards
-# finished by the last checkpoint before the kill must not be rewritten.
-KILLER = """
-import os, signal, sys
-import data.prepare, data.shards
-data.prepare.DOCUMENTS_PER_BATCH = 300
-target, nth = {target!r}, {nth}
-owner = data.shards.ShardWriter
-original = getattr(owner, target)
-calls = []
-def killing(self, *args):
-    result = original(self, *args)
-    calls.append(1)
-    if len(calls) == nth:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return result
-setattr(owner, target, killing)
-data.prepare.main(sys.argv[1:])
-"""
 
 
 @pytest.mark.slow  # real processes, killed mid-preparation
@@ -143,7 +103,7 @@ def test_killed_preparation_resumes_byte_identical(owt, tmp_path, target, nth):
     reference = tmp_path / "reference"
     main([*args, "--out", str(reference)])
     out_dir = tmp_path / "killed"
-    script = KILLER.format(target=target, nth=nth)
+    script = PREPARE_KILLER.format(target=target, nth=nth)
     # Run from the repository root: `python -c` puts the working folder first on sys.path.
     killed = subprocess.run([sys.executable, "-c", script, *args, "--out", str(out_dir)], cwd=REPO_ROOT,
                             capture_output=True)
@@ -166,7 +126,7 @@ def test_killed_preparation_resumes_byte_identical(owt, tmp_path, target, nth):
 
 
 def test_local_files_of_each_kind(tmp_path):
-    docs = documents(60, seed=1)
+    docs = random_documents(60, seed=1)
     for kind in ("txt", "jsonl", "parquet"):
         folder = tmp_path / kind
         folder.mkdir()

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from data import prepare as prepare_module
 from data.prepare import c4_corpus, main
 from data.tokenizer import HuggingFaceTokenizer, get_tokenizer
-from test_prepare import KILLER, documents, llmc_read
+from helpers import PREPARE_KILLER, random_documents, split_streams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Files written per kind (C4 en has 1,024 train and 8 validation files) and documents in each: the
@@ -36,7 +36,7 @@ def build_tokenizer(folder: Path, vocab_size: int, seed: int) -> Path:
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
                                       unk_token="<unk>")
-    tokenizer.train_from_iterator(documents(300, seed), trainer)
+    tokenizer.train_from_iterator(random_documents(300, seed), trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
                             model_max_length=16).save_pretrained(folder)
@@ -50,7 +50,7 @@ def write_c4(root: Path) -> Path:
     for kind, total, counts, seed in (("train", 1024, TRAIN_DOCS, 10), ("validation", 8, VAL_DOCS, 20)):
         for index, count in enumerate(counts):
             lines = [json.dumps({"text": text, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.com/{i}"})
-                     for i, text in enumerate(documents(count, seed + index))]
+                     for i, text in enumerate(random_documents(count, seed + index))]
             with gzip.open(root / "en" / f"c4-{kind}.{index:05d}-of-{total:05d}.json.gz", "wt", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
     return root
@@ -77,18 +77,12 @@ def expected_streams(c4: Path, tokenizer: Path) -> dict[str, list[int]]:
     return streams
 
 
-def read_streams(out_dir: Path) -> dict[str, list[int]]:
-    manifest = json.loads((out_dir / "manifest.json").read_text())
-    return {split: [t for shard in manifest["splits"][split]["shards"] for t in llmc_read(out_dir / shard["file"])]
-            for split in ("train", "val")}
-
-
 def test_c4_shards_are_c4s_own_splits_encoded_by_transformers(folders, tmp_path):
     c4, tokenizer = folders
     out_dir = tmp_path / "out"
     main(["c4", "--source", str(c4), "--tokenizer", str(tokenizer), *C4_ARGS, "--out", str(out_dir)])
     expected = expected_streams(c4, tokenizer)
-    assert read_streams(out_dir) == expected
+    assert split_streams(out_dir) == expected
     assert len(expected["val"]) > 6000 and len(expected["train"]) > 6000  # several shards each
     manifest = json.loads((out_dir / "manifest.json").read_text())
     auto = AutoTokenizer.from_pretrained(tokenizer)
@@ -134,7 +128,7 @@ def test_another_tokenizer_or_changed_tokenizer_files_are_refused_or_redone(fold
     capsys.readouterr()
     main(args)
     assert "resuming" not in capsys.readouterr().out
-    assert read_streams(tmp_path / "out") == expected_streams(c4, tokenizer)
+    assert split_streams(tmp_path / "out") == expected_streams(c4, tokenizer)
     # A finished preparation is not reused once the folder holds the first files again.
     shutil.rmtree(tokenizer)
     shutil.copytree(built, tokenizer)
@@ -155,7 +149,7 @@ def test_killed_c4_preparation_resumes_byte_identical(folders, tmp_path):
     # Batches of 300 documents: 2 of the val file's 500 (each checkpoints both splits' writers), and
     # 5 train shards of 6,000 tokens finished in each batch of train documents.
     for target, nth, part in (("checkpoint", 5, 0), ("_finish_shard", 7, 1)):
-        killed = subprocess.run([sys.executable, "-c", KILLER.format(target=target, nth=nth), *args, "--out",
+        killed = subprocess.run([sys.executable, "-c", PREPARE_KILLER.format(target=target, nth=nth), *args, "--out",
                                  str(out_dir)], cwd=REPO_ROOT, capture_output=True, text=True)
         assert killed.returncode == -9, killed.stderr[-3000:]
         progress = json.loads((out_dir / ".prepare_progress.json").read_text())
@@ -175,7 +169,7 @@ def test_hf_tokenizer_from_a_folder(folders, caplog):
     _, folder = folders
     tok, auto = get_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
     assert (tok.name, tok.n_vocab, tok.eot_token) == (str(folder), len(auto), auto.convert_tokens_to_ids("</s>"))
-    texts = documents(5, seed=3)
+    texts = random_documents(5, seed=3)
     long_text = " ".join(texts)
     encoded = tok.encode(long_text)
     assert "sequence length is longer" not in caplog.text  # (its model_max_length is 16) ...
