@@ -102,8 +102,9 @@ class QKClip(Part):
             row_factors = {}  # id(tensor) -> (tensor, a factor per row: the q and k rows', else 1)
             for name in ("q", "k"):
                 for tensor, rows in attention.projection_rows()[name]:
-                    _, whole = row_factors.setdefault(id(tensor), (tensor, per_row.new_ones(tensor.shape[0])))
-                    whole[rows] = per_row
+                    if id(tensor) not in row_factors:  # (GPT-2's fused c_attn holds both q and k)
+                        row_factors[id(tensor)] = (tensor, per_row.new_ones(tensor.shape[0]))
+                    row_factors[id(tensor)][1][rows] = per_row
             for tensor, whole in row_factors.values():
                 part = local(tensor)
                 part.mul_(whole[_local_rows(tensor)].view(-1, *([1] * (part.ndim - 1))).to(part.dtype))
