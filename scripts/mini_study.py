@@ -26,8 +26,9 @@ with QK-Clip (``EXTRAS``). Each point's lr is found before its seeds are run:
 ``BENCHMARK``: AdEMAMix, MARS, SOAP, Schedule-Free AdamW, D-Muon), written to its own folder
 (default runs/mini_study_benchmark), where the records of AdamW, MERIT and Muon are unpacked from
 the paper preset's committed archive (``BESIDE``), so that its report, figures and archive place the
-five against them (its archive refers to those records in the paper's instead of copying them). Its grid centres are not a pilot's: each is the lr its nearest relative selected
-here (AdamW's for the Adam family, Muon's for D-Muon), and the grid grows where that was wrong.
+five against them (its archive refers to those records in the paper's instead of copying them).
+Its grid centres are not a pilot's: each is the lr its nearest relative selected here (AdamW's for
+the Adam family, Muon's for D-Muon), and the grid grows where that was wrong.
 
 ``--preset llama_cures``: the five cures for runaway logits on the small Llama (``CURES``: AdamW with
 QK-Norm, z-loss, QK-Clip or soft-capping, and MERIT, beside plain AdamW) at one batch, 64 sequences

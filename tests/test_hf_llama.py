@@ -5,7 +5,6 @@ against transformers' own LlamaForCausalLM, LlamaConfig and tokenizers, and lm-e
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from eval import evaluate
 from eval.samples import write_fixtures
 from eval.scorer import Scorer
 from eval.tasks import tasks_named
+from helpers import ROOT
 from model import GPT, GPTConfig
 from training.checkpoint import Checkpoint
 
@@ -213,7 +213,7 @@ def test_the_cli_names_the_class_and_the_run_guide_says_it(tmp_path):
     model = random_llama()
     Checkpoint.of_model(model, "byte", step=3).save(tmp_path / "ckpt.pt")
     result = subprocess.run([sys.executable, "-m", "scripts.export_hf", str(tmp_path / "ckpt.pt"),
-                             str(tmp_path / "hf")], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+                             str(tmp_path / "hf")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}: LlamaForCausalLM, 4 layers, 128 dims, "
                                               f"vocab 320, float32, byte tokenizer, step 3")
     for config, hf_class in ((TrainConfig(model="llama_nano", max_steps=2), "LlamaForCausalLM"),
