@@ -313,3 +313,32 @@ def test_every_line_shows_on_white_and_a_layer_keeps_its_colour(study):
     assert max(map(_luminance, colours)) < 0.5 < _luminance(matplotlib.colormaps["viridis"](1.0))
     for fig in figures:
         plt.close(fig)
+
+
+def test_the_cure_table_and_labels_hold_hand_written_capped_logits_and_log_z(tmp_path):
+    """Soft-capped and z-loss points get their own labels (their keys would otherwise name every point),
+    and a table of the largest layer's raw and capped logit, the output's, and the final log Z."""
+    settings = {"adamw": {}, "softcap": {"attn_logit_softcap": 15.0, "final_logit_softcap": 10.0},
+                "zloss": {"z_loss": 1e-4}}
+    for name, extra in settings.items():
+        folder = tmp_path / name
+        write_run(folder, "adamw", 4, 1e-3, 0, 2.0)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "attn_logit_softcap": None,
+                                                        "final_logit_softcap": None, "z_loss": 0.0, **extra}))
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for record in records[1:]:  # step 0 logs no instruments
+            if record["step"]:
+                step = record["step"]
+                record.update({"output/max_abs_logit": 0.5 * step, "output/log_z": 7.0 + step / 100})
+                if name == "softcap":
+                    record.update({"max_logit_capped/layer_00": 1.0, "max_logit_capped/layer_01": 0.25 * step,
+                                   "output/max_abs_logit_capped": 0.2 * step})
+        (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    text = report(find_runs([tmp_path]), None, "val/loss", None)
+    table = first_table(text, "## Logits raw and soft-capped, and log Z")
+    # Layer 1's raw logit 5 x step (peak and final 200 at step 40) is the largest layer's; capped 0.25 x
+    # step: 10; the output's 0.5 x step: 20, capped 0.2 x step: 8; log Z at step 40: 7.4.
+    assert "| adamw + softcap 15/10 | 4 | 0.001 (selected) | 200 / 200 | 10 / 10 | 20 / 20 | 8 / 8 | 7.4 |" in table
+    assert "| adamw + z_loss 0.0001 | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
+    assert "| adamw | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
