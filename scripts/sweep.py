@@ -1,15 +1,17 @@
 """A grid of training runs from one base config: one run folder (and editable config file) per point.
 
     python -m scripts.sweep configs/paper/gpt2_small_merit_b480.py --name merit-batch \\
-        --grid batch_size=480,1024,2048 --grid lr=1e-4,2e-4,4e-4 --grid seed=0,1 \\
+        --grid batch_size=480,1024,2048 --grid lr=1e-4,2e-4,4e-4 --grid seed=0,1 --set micro_batch_size=4 \\
         --lr-scaling sqrt --warmup-scaling tokens --dry-run             # print the plan
     python -m scripts.sweep ... --launch local --nproc-per-node 8     # run the points here, in turn
-    python -m scripts.sweep ... --launch slurm --nodes 2 --gpus-per-node 8   # write an sbatch array
+    python -m scripts.sweep ... --launch slurm --gpus-per-node 8   # write an sbatch array (one node a point)
 
 ``--grid KEY=V1,V2,...`` takes any config key (optimizer, batch_size, lr, seed, data_seed,
 optimizer_options, ...; values are Python literals, a bare word a string); the grid is their
 product (an lr axis brings min_lr along at the base config's ratio to lr). ``--set KEY=VALUE``
-changes the base for every point. Each point's config is written,
+changes the base for every point. A key is named once in all of them. Every point is checked when
+the plan is made (its values against the config schema, its batch against its micro-batches over
+the launch's ranks), before anything is written. Each point's config is written,
 fully resolved, to ``OUT_DIR/NAME/POINT/point.py`` (open and edit it; the run writes its
 config.json, metrics and checkpoints beside it, run_name = POINT, out_dir = OUT_DIR/NAME).
 
@@ -43,8 +45,8 @@ import sys
 from pathlib import Path
 
 from configs import BETAS, SCALINGS, ConfigError
-from study.sweep import (add_slurm_arguments, check_written, key_value, launch_local, parse_values, plan, table,
-                         write_points, write_sbatch)
+from study.sweep import (add_slurm_arguments, check_written, grid_and_fixed, launch_local, plan, table, write_points,
+                         write_sbatch)
 
 
 def main(argv=None) -> None:
@@ -74,17 +76,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out_dir).resolve() / args.name  # the runs start in the repository root
     try:
-        grid = {}
-        for text in args.grid:
-            key, values = key_value(text, "--grid")
-            grid[key] = parse_values(values)
-        fixed = [f"--{key}={value}" for key, value in (key_value(t, "--set") for t in args.set)]
+        grid, fixed = grid_and_fixed(args.grid, args.set)
         betas = (tuple(key.strip() for key in args.scale_betas.split(","))
                  if args.beta_scaling == "half-life" else ())
         unknown = sorted(set(betas) - set(BETAS))
         if unknown:
             raise ConfigError(f"--scale-betas {args.scale_betas}: {', '.join(unknown)} not one of {', '.join(BETAS)}")
-        points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch, betas)
+        world_size = args.nodes * args.gpus_per_node if args.launch == "slurm" else args.nproc_per_node
+        points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch, betas,
+                      world_size)
         check_written(points, out, args.add_points)
     except (ConfigError, ValueError) as error:
         sys.exit(f"sweep: {error}")

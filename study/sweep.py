@@ -28,7 +28,7 @@ from atomic import atomic_write
 from configs import SCALINGS, ConfigError, TrainConfig, load_config
 from eval.tasks import check_zero_shot
 from study.runs import read_records
-from training.batch_schedule import half_life_betas, run_lengths
+from training.batch_schedule import BatchSchedule, half_life_betas, run_lengths
 from training.checkpoint import RECORDED, numbered
 from training.run_config import resolve_config
 
@@ -113,17 +113,40 @@ def parse_values(text: str) -> list:
         return values
 
 
-def key_value(text: str, flag: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE")
-    return key, value
+def key_values(texts: list[str], flag: str) -> dict[str, str]:
+    """{KEY: VALUE} of ``flag``'s ``KEY=VALUE`` arguments; a key given twice is refused (the later
+    would silently replace the earlier)."""
+    given = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE")
+        if key in given:
+            fix = (f" (one axis per key): give its values in one, {flag} {key}={given[key]},{value}"
+                   if flag == "--grid" else ": give each key once")
+            raise ConfigError(f"{flag} {text} repeats the key {key} of {flag} {key}={given[key]}{fix}")
+        given[key] = value
+    return given
+
+
+def grid_and_fixed(grid_texts: list[str], set_texts: list[str]) -> tuple[dict[str, list], list[str]]:
+    """The grid of ``--grid KEY=V1,V2,...`` ({key: values}) and the overrides of ``--set KEY=VALUE``
+    (``--key=value``), each key named once in all of them."""
+    grid = key_values(grid_texts, "--grid")
+    fixed = key_values(set_texts, "--set")
+    shared = sorted(grid.keys() & fixed.keys())
+    if shared:
+        key = shared[0]
+        raise ConfigError(f"--grid {key}={grid[key]} and --set {key}={fixed[key]} name the same key: the grid's "
+                          f"values replace the --set one at every point; drop one of them")
+    return {key: parse_values(values) for key, values in grid.items()}, [f"--{k}={v}" for k, v in fixed.items()]
 
 
 def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scaling: str,
-         warmup_scaling: str, base_batch: int | None, betas: tuple[str, ...] = ()) -> list[Point]:
-    """The points of the grid, each a checked, resolved config (nothing is written). ``betas``:
-    the decays scaled from the base batch by their half-life in tokens (half_life_betas)."""
+         warmup_scaling: str, base_batch: int | None, betas: tuple[str, ...] = (), world_size: int = 1) -> list[Point]:
+    """The points of the grid, each a checked, resolved config (nothing is written) that trains on
+    ``world_size`` ranks; a point that cannot is refused, named by its grid values. ``betas``: the
+    decays scaled from the base batch by their half-life in tokens (half_life_betas)."""
     base_config = load_config(base, fixed)
     base_batch = base_batch or base_config.batch_size
     block = base_config.model_config(1).block_size
@@ -131,25 +154,33 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
     points = []
     for values in itertools.product(*grid.values()):
         chosen = dict(zip(grid, values))
-        overrides = [*fixed, *(f"--{key}={value!r}" for key, value in chosen.items())]
-        if "lr" in chosen and "min_lr" not in chosen:  # min_lr keeps the base config's ratio to lr
-            overrides.append(f"--min_lr={chosen['lr'] * base_config.min_lr / base_config.lr!r}")
-        config = load_config(base, overrides)
-        factor = SCALINGS[lr_scaling](config.batch_size / base_batch)
-        changes = {"lr": config.lr * factor, "min_lr": config.min_lr * factor}
-        if warmup_scaling == "steps":
-            changes.update(warmup_steps=base_warmup_steps, warmup_tokens=0)
-        elif warmup_scaling == "tokens":
-            changes.update(warmup_steps=0, warmup_tokens=base_warmup_steps * base_batch * block)
-        name = point_name(chosen) or "base"
-        config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
-                                                    resume="auto", overwrite=False)).config
-        if betas:  # (of the resolved values: the published ones are the base batch's)
-            config = resolve_config(dataclasses.replace(
-                config, **half_life_betas(config, config.batch_size / base_batch, betas))).config
-        if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
-            check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
-        run_lengths(config)  # a warmup longer than the run is an error here, not at launch
+        lr_axis = "lr" in chosen and "min_lr" not in chosen  # min_lr then keeps the base config's ratio to lr
+        try:
+            # The values are checked by the schema as typed (min_lr 0 lies below any lr); min_lr follows the lr after.
+            config = load_config(base, [*fixed, *(f"--{key}={value!r}" for key, value in chosen.items()),
+                                        *(["--min_lr=0.0"] if lr_axis else [])])
+            factor = SCALINGS[lr_scaling](config.batch_size / base_batch)
+            min_lr = config.lr * base_config.min_lr / base_config.lr if lr_axis else config.min_lr
+            changes = {"lr": config.lr * factor, "min_lr": min_lr * factor}
+            if warmup_scaling == "steps":
+                changes.update(warmup_steps=base_warmup_steps, warmup_tokens=0)
+            elif warmup_scaling == "tokens":
+                changes.update(warmup_steps=0, warmup_tokens=base_warmup_steps * base_batch * block)
+            name = point_name(chosen) or "base"
+            config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
+                                                        resume="auto", overwrite=False)).config
+            if betas:  # (of the resolved values: the published ones are the base batch's)
+                config = resolve_config(dataclasses.replace(
+                    config, **half_life_betas(config, config.batch_size / base_batch, betas))).config
+            if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
+                check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
+            # A warmup longer than the run, or a batch that does not divide over the ranks: here, not at launch.
+            schedule = BatchSchedule.of(config, block)
+            schedule.lengths(config)
+            schedule.check_divisible(config.micro_batch_size, world_size)
+        except ConfigError as error:
+            where = f"--grid point {', '.join(f'{k}={v!r}' for k, v in chosen.items())}" if chosen else "the base"
+            raise ConfigError(f"{where}: {error}") from error
         points.append(Point(name, config, chosen, out / name))
     names = [p.name for p in points]
     if len(set(names)) != len(names):

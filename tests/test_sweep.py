@@ -15,7 +15,7 @@ from eval.samples import write_fixtures
 from helpers import ROOT, TINY, train_here
 from study.report import report
 from study.runs import Run, Study
-from study.sweep import plan
+from study.sweep import grid_and_fixed, key_values, plan
 
 BASE = dict(TINY, log_interval=2, batch_size=4, micro_batch_size=2, max_steps=4, warmup_steps=2, lr=0.01,
             min_lr=0.001, checkpoint_interval=2)
@@ -90,7 +90,7 @@ def test_a_local_sweep_skips_finished_points_and_resumes_an_interrupted_one(tmp_
 
 
 def test_the_slurm_script_is_valid_bash_with_the_multi_node_torchrun_flags(tmp_path, byte_shards):
-    base = base_config(tmp_path, byte_shards)
+    base = base_config(tmp_path, byte_shards, batch_size=16)  # micro-batches of 2 on 2 x 4 ranks
     result = sweep(base, "--name=cluster", f"--out-dir={tmp_path}", "--grid=seed=0,1", "--grid=lr=1e-3,3e-3",
                    "--launch=slurm", "--nodes=2", "--gpus-per-node=4", "--time=02:00:00", "--partition=gpu")
     script = tmp_path / "cluster" / "sweep.sbatch"
@@ -192,3 +192,40 @@ def test_half_life_beta_scaling_keeps_each_decay_s_half_life_in_tokens(tmp_path,
     assert (f"adamw's beta2 goes with the batch (batch 4: {0.95 ** 0.25}, batch 16: 0.95, batch 64: {0.95 ** 4})"
             in text), text
     assert "muon's momentum goes with the batch (batch 4: " in text
+
+
+def test_a_key_given_twice_is_refused_before_anything_is_written(tmp_path, byte_shards):
+    """Of two --grid lr=... the later used to replace the earlier: one axis, half the points."""
+    base = base_config(tmp_path, byte_shards)
+    result = sweep(base, "--name=twice", f"--out-dir={tmp_path}", "--grid", "lr=1e-3", "--grid", "lr=2e-3",
+                   check=False)
+    assert result.returncode == 1 and result.stderr == (
+        "sweep: --grid lr=2e-3 repeats the key lr of --grid lr=1e-3 (one axis per key): give its values in one, "
+        "--grid lr=1e-3,2e-3\n"), result.stderr
+    assert not (tmp_path / "twice").exists()
+    with pytest.raises(ConfigError, match=r"^--set lr=0.02 repeats the key lr of --set lr=0.03: give each key once$"):
+        key_values(["lr=0.03", "seed=1", "lr=0.02"], "--set")
+    with pytest.raises(ConfigError, match=r"^--grid lr=0.1,0.2 and --set lr=0.3 name the same key: the grid's values "
+                                          r"replace the --set one at every point; drop one of them$"):
+        grid_and_fixed(["lr=0.1,0.2"], ["lr=0.3"])
+    assert grid_and_fixed(["lr=1e-3,abc", "optimizer=adamw"], ["seed=2"]) == (
+        {"lr": [1e-3, "abc"], "optimizer": ["adamw"]}, ["--seed=2"])
+
+
+def test_grid_values_go_through_the_schema_when_the_plan_is_made(tmp_path, byte_shards):
+    """A value of the wrong type (the lr axis used to multiply it: TypeError), and a batch that does
+    not divide into micro-batches over the launch's ranks, are refused at planning, naming the point."""
+    base = str(base_config(tmp_path, byte_shards, micro_batch_size=4))  # batch 4, lr 0.01, min_lr 0.001
+    with pytest.raises(ConfigError, match=r"^--grid point lr='abc': config key 'lr' in the command line must be float, "
+                                          r"got str 'abc'$"):
+        plan(base, {"lr": [1e-3, "abc"]}, [], tmp_path / "sweep", "none", "none", None)
+    with pytest.raises(ConfigError, match=r"^--grid point batch_size=10: batch_size=10 is not divisible by "
+                                          r"micro_batch_size=4 x world_size=1 = 4"):
+        plan(base, {"batch_size": [8, 10]}, [], tmp_path / "sweep", "none", "none", None)
+    with pytest.raises(ConfigError, match=r"^--grid point batch_size=4: batch_size=4 is not divisible by "
+                                          r"micro_batch_size=4 x world_size=2 = 8"):
+        plan(base, {"batch_size": [8, 4]}, [], tmp_path / "sweep", "none", "none", None, world_size=2)
+    # An lr below the base's min_lr (0.001) plans: min_lr follows it at the base's ratio, 1/10.
+    [point] = plan(base, {"lr": [5e-4]}, [], tmp_path / "sweep", "none", "none", None)
+    assert (point.config.lr, point.config.min_lr) == (5e-4, pytest.approx(5e-5, rel=1e-12))
+    assert not (tmp_path / "sweep").exists()
