@@ -140,6 +140,36 @@ BOUNDARY, RAMP = 4, 2.0
 SCHEDULE = ["--batch_size=4", "--batch_schedule=[(0, 4), (462, 8)]"]
 
 
+def test_the_first_half_by_hand_plans_the_scheduled_run_s_cosine_only_when_the_length_is_in_tokens():
+    """docs/batch.md's caveat, on the acceptance's runs (lr 0.01 to 0.001, 2 warmup steps): the run
+    by hand starts at batch 4 without the schedule. With the length in tokens (max_tokens=1600) both
+    plan the cosine for 1,536 tokens; with max_steps=8 the scheduled run's 8 steps are 1,536 tokens
+    (4 of 128, 4 of 256) and the run by hand's 1,024 (8 of 128), so from the first step after the
+    warmup their lrs differ (by hand: cos(pi x progress), progress (tokens - 256) / (total - 256)). A
+    warmup that ends after the change differs likewise, whatever the length's unit."""
+    def lr(step: int, **config) -> float:
+        config = TrainConfig(**{"warmup_steps": 2, "lr": 0.01, "min_lr": 0.001, **config})
+        schedule = BatchSchedule.of(config, BLOCK)
+        return schedule.lr_schedule(config, *schedule.lengths(config))(schedule.tokens(step),
+                                                                        schedule.tokens_per_step(step))
+
+    cosine = lambda progress: 0.001 + 0.5 * 0.009 * (1 + math.cos(math.pi * progress))  # noqa: E731
+    for length in ({"max_tokens": 1600}, {"max_steps": 8}):
+        scheduled = [lr(step, batch_size=4, batch_schedule=[(0, 4), (462, 8)], **length) for step in range(BOUNDARY)]
+        by_hand = [lr(step, batch_size=4, **length) for step in range(BOUNDARY)]
+        assert scheduled[:2] == by_hand[:2] == [0.005, 0.01]  # the warmup's: (step + 1) / 2 of lr
+        assert scheduled[2:] == pytest.approx([cosine(0 / 1280), cosine(128 / 1280)], rel=1e-12)
+        if "max_tokens" in length:
+            assert by_hand == scheduled
+        else:  # 0.0093971 against 0.0097798 at step 4
+            assert by_hand[2:] == pytest.approx([cosine(0 / 768), cosine(128 / 768)], rel=1e-12)
+    # A warmup that ends after the change (6 steps), even with the length in tokens: the scheduled run's
+    # is 1,024 tokens (4 x 128 + 2 x 256), the first half's by hand 768 (6 x 128); at step 4, lr x 4 / 8 or 6.
+    warmup = {"warmup_steps": 6, "max_tokens": 1600}
+    assert lr(3, batch_size=4, batch_schedule=[(0, 4), (462, 8)], **warmup) == pytest.approx(0.01 * 4 / 8, rel=1e-12)
+    assert lr(3, batch_size=4, **warmup) == pytest.approx(0.01 * 4 / 6, rel=1e-12)
+
+
 def base_args(data, out, name, optimizer, *extra):
     return [*TINY_RUN, f"--data_dir={data}", f"--out_dir={out}", f"--run_name={name}", f"--optimizer={optimizer}",
             "--max_tokens=1600", "--warmup_steps=2", "--micro_batch_size=1", "--log_interval=1",
