@@ -3,8 +3,8 @@
 Registering an optimizer is one entry in ``_REGISTRY`` (or one ``register`` call, for an
 optimizer defined outside this package): a callable (class or function) taking
 ``(params, *, lr, weight_decay, betas, eps, backend, <its own options>)`` with its own defaults
-for betas/eps. ``build`` checks options against that signature, so no other code changes;
-docs/architecture.md walks through adding one.
+for betas/eps. ``settings`` checks the options' names and types against that signature (its
+annotations), so no other code changes; docs/architecture.md walks through adding one.
 
 An optimizer's hyper-parameters are resolved once, into ``Settings``: the ones the caller set,
 else the optimizer's published GPT-2 ones (optim/published.py), else its constructor's defaults,
@@ -14,6 +14,9 @@ recipe too, unless it asks for the constructor's defaults (``defaults="construct
 """
 import difflib
 import inspect
+import numbers
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,7 +110,8 @@ def settings(name: str, defaults: str = "published", options: dict | None = None
     """Optimizer ``name``'s ``Settings`` from the ``common`` hyper-parameters chosen (lr,
     weight_decay, betas, eps) and its own ``options``: each value chosen that is not None ("set"),
     else its published GPT-2 value ("published"; not with ``defaults="constructor"``), else its
-    constructor's default ("default"). An unknown name or option is refused here, once."""
+    constructor's default ("default"). An unknown name or option, or a value chosen of another type
+    than the constructor declares, is refused here, once."""
     key = name.lower()
     if defaults not in ("published", "constructor"):
         raise ValueError(f"defaults={defaults!r}: use 'published' or 'constructor'")
@@ -118,11 +122,14 @@ def settings(name: str, defaults: str = "published", options: dict | None = None
     chosen = {**common, **(options or {})}
     gpt2 = published.gpt2_settings(key, chosen) if defaults == "published" else {}
     entries = {}
-    for option, parameter in inspect.signature(_REGISTRY[key]).parameters.items():
+    for option, parameter in inspect.signature(_REGISTRY[key], eval_str=True).parameters.items():
         if (parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
                 or option in ("params", "backend", *_CONTEXT)):
             continue
         if chosen.get(option) is not None:
+            if not _is_of(chosen[option], parameter.annotation):
+                raise TypeError(f"option {option!r} of optimizer {key!r} must be {_described(parameter.annotation)}, "
+                                f"got {type(chosen[option]).__name__} {chosen[option]!r}")
             entries[option] = (chosen[option], published.SET)
         elif option in gpt2:
             entries[option] = (gpt2[option], published.PUBLISHED)
@@ -206,6 +213,39 @@ def check_options(name: str, options) -> None:
             raise TypeError(f"unknown option {option!r} for optimizer {key!r}"
                             f"{_did_you_mean(option, [*accepted, *_COMMON])}; "
                             f"accepted options: {', '.join(accepted) or 'none'}")
+
+
+def _is_of(value, annotation) -> bool:
+    """Whether ``value`` is of the type a constructor's ``annotation`` declares: a float takes an int,
+    a bool is no number, a tuple takes a list (a config recorded as JSON keeps its tuples as lists),
+    ``X | None`` takes None. No annotation, or one that is no type (``Literal``, ``Any``), checks
+    nothing: which values a str option takes, and whatever else an annotation cannot say, the
+    optimizer checks when it is built."""
+    if annotation in (inspect.Parameter.empty, typing.Any):  # (Any is a class, and no type to check)
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return any(_is_of(value, arg) for arg in args)
+    if typing.get_origin(annotation) is tuple:
+        return (isinstance(value, (tuple, list)) and len(value) == len(args)
+                and all(_is_of(item, arg) for item, arg in zip(value, args)))
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation in (float, int):  # a bool is no number
+        number = numbers.Real if annotation is float else numbers.Integral
+        return isinstance(value, number) and not isinstance(value, bool)
+    return isinstance(value, annotation) if isinstance(annotation, type) else True
+
+
+def _described(annotation) -> str:
+    """What a constructor's ``annotation`` asks for, in words: "a float", "a tuple (float, float)",
+    "an int or None"."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return " or ".join(_described(arg) for arg in args)
+    if typing.get_origin(annotation) is tuple:
+        return f"a tuple ({', '.join(str(getattr(arg, '__name__', arg)) for arg in args)})"
+    return {bool: "True or False", int: "an int", type(None): "None"}.get(annotation, f"a {annotation.__name__}")
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -194,7 +194,11 @@ def test_the_shared_builder_gives_mars_the_hidden_matrices_and_adamw_the_rest():
     ({"lr": -1.0}, "learning rate"), ({"eps": -1e-8}, "epsilon"), ({"weight_decay": math.nan}, "weight_decay"),
 ])
 def test_rejects_invalid_hyperparameters(kwargs, bad):
+    """The constructor refuses each (a ValueError); so does optim.build, a value of another type than the
+    constructor declares already in optim.settings (a TypeError: tests/test_optim_options.py)."""
     with pytest.raises(ValueError, match=bad):
+        MARS(optim.param_groups(_tiny_gpt(), 0.1, hidden_matrices_apart=True), **{"lr": 3e-3, **kwargs})
+    with pytest.raises((ValueError, TypeError), match=bad):
         optim.build("mars", _tiny_gpt(), **{"lr": 3e-3, **kwargs})
 
 

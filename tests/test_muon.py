@@ -199,7 +199,11 @@ def test_state_dict_round_trip_continues_bitwise(name):
     ({"adamw_lr": -1e-3}, "adamw_lr"), ({"adamw_weight_decay": -0.1}, "adamw_weight_decay"), ({"nesterov": 1}, "nesterov"),
 ])
 def test_rejects_invalid_hyperparameters(kwargs, bad):
+    """The constructor refuses each (a ValueError); so does optim.build, a value of another type than the
+    constructor declares already in optim.settings (a TypeError: tests/test_optim_options.py)."""
     with pytest.raises(ValueError, match=bad):
+        Muon(optim.param_groups(tiny_gpt(), 0.1, hidden_matrices_apart=True), **{"lr": 0.02, **kwargs})
+    with pytest.raises((ValueError, TypeError), match=bad):
         optim.build("muon", tiny_gpt(), **{"lr": 0.02, **kwargs})
 
 
