@@ -1,11 +1,13 @@
-"""Metrics: the JSONL log is always written; wandb failures never stop training."""
+"""Metrics: the JSONL log is always written; wandb failures never stop training; their page reads cleanly."""
 
 import json
+import re
 import sys
 import types
 
 import pytest
 
+from helpers import ROOT
 from training.metrics import MetricsLogger
 
 
@@ -62,3 +64,16 @@ def test_resume_drops_records_after_the_checkpoint(tmp_path):
     logger.log({"step": 4, "train/loss": 40.0})
     logger.close()
     assert [r["train/loss"] for r in read(tmp_path / "metrics.jsonl")] == [1.0, 2.0, 3.0, 40.0]
+
+
+def stray_lines(page: str) -> list[str]:
+    """The lines of a markdown page, outside its code blocks, that say nothing: neither a word, a number,
+    a code span nor a table's rule (e.g. a lone ":")."""
+    prose = re.sub(r"^```.*?^```", "", page, flags=re.S | re.M)
+    return [line for line in prose.splitlines()
+            if line.strip() and not re.search(r"[\w`]", line) and not re.fullmatch(r"\|(-+\|)+", line.strip())]
+
+
+def test_the_metrics_page_has_no_stray_line():
+    assert stray_lines("| a | b |\n|---|---|\n:\n```\n:\n```\n*\n") == [":", "*"]  # (the rule and the code kept)
+    assert stray_lines((ROOT / "docs" / "metrics.md").read_text()) == []

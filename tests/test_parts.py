@@ -1,16 +1,17 @@
 """A part of a run defined here, outside train.py (training/parts.py): a config adds it
 (``extra_parts``), the loop tells it about every step, its metric is logged and its state is
-checkpointed, so a run stopped and resumed logs and saves what an uninterrupted one does. No line
-of train.py names it."""
+checkpointed, so a run stopped and resumed logs and saves what an uninterrupted one does; a run
+without it in its config has none of it. The parts' metric keys: two parts that declare one key are
+refused when the run is built, and a part that logs a key it did not declare when it logs it."""
 import math
 import re
 
 import pytest
 import torch
 
-from helpers import ROOT, TINY_RUN, read_metrics, train_here
+from helpers import TINY_RUN, read_metrics, train_here
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-from training.parts import Part, Step
+from training.parts import Part, Parts, Step
 
 
 class GradNormEMA(Part):
@@ -18,6 +19,7 @@ class GradNormEMA(Part):
     kept on the device: no host sync on an ordinary step."""
 
     name = "grad_norm_ema"
+    metric_keys = ("test/",)
     decay = 0.75
 
     def __init__(self, run):
@@ -70,7 +72,14 @@ def test_a_part_defined_here_is_trained_logged_and_resumed_bitwise(byte_shards, 
     assert torch.equal(saved.parts["grad_norm_ema"]["ema"], resumed.parts["grad_norm_ema"]["ema"])
     assert all(torch.equal(saved.model[k], resumed.model[k]) for k in saved.model)
 
-    assert "GradNormEMA" not in (ROOT / "train.py").read_text()
+
+def test_a_run_without_the_part_in_its_config_has_none_of_it(byte_shards, tmp_path):
+    """Defining a part adds it to no run: only a config's ``extra_parts`` does (GradNormEMA is defined
+    above, and imported, in this process)."""
+    train_here(*run_args(byte_shards, tmp_path, "--max_steps=2", "--extra_parts="))
+    records = [r for r in read_metrics(tmp_path / "run") if "train/loss" in r]
+    assert len(records) == 2 and not any(key.startswith("test/") for r in records for key in r)
+    assert "grad_norm_ema" not in Checkpoint.load(tmp_path / "run" / CHECKPOINT_NAME).parts
 
 
 @pytest.mark.parametrize("name, error", [
@@ -82,3 +91,71 @@ def test_an_extra_part_that_cannot_be_used_is_a_clear_error(byte_shards, tmp_pat
     assert result.returncode == 1
     assert re.search(error, result.stderr), result.stderr[-2000:]
     assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+class LogsTheTrainLoss(Part):
+    """A part that logs a key one of train.py's parts logs (training.metrics.TrainLoss's)."""
+
+    metric_keys = ("train/loss",)
+
+    def __init__(self, run):
+        pass
+
+    def measure(self, step: Step) -> dict[str, float]:
+        return {"train/loss": 0.0}
+
+
+def test_an_extra_part_that_logs_a_built_in_key_is_refused_before_anything_is_written(byte_shards, tmp_path):
+    result = train_here(*run_args(byte_shards, tmp_path), f"--extra_parts={__name__}:LogsTheTrainLoss",
+                        check=False)
+    assert result.returncode == 1
+    assert re.search(r"the parts training\.metrics:TrainLoss and test_parts:LogsTheTrainLoss both log the metric "
+                     r"key 'train/loss'", result.stderr), result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def declaring(*keys: str, logs: dict | None = None, name: str = "Declaring") -> Part:
+    """A part (of a class of its own, called ``name``) that declares ``keys`` and logs ``logs``."""
+    kind = type(name, (Part,), {"metric_keys": keys, "measure": lambda self, step: dict(logs or {})})
+    return kind()
+
+
+@pytest.mark.parametrize("first, second, key", [
+    (("lr", "val/"), ("val/loss",), "val/loss"),  # a prefix and a key under it
+    (("memory/",), ("grad_norm", "memory/"), "memory/"),  # one prefix
+    (("tokens_per_s",), ("tokens_per_s",), "tokens_per_s"),  # one key
+])
+def test_two_parts_that_declare_one_key_are_refused_when_built(first, second, key):
+    with pytest.raises(ValueError, match=rf"the parts test_parts:First and test_parts:Second both log the metric key "
+                                         rf"'{key}' \(First\.metric_keys {re.escape(repr(first))}, Second\.metric_keys "
+                                         rf"{re.escape(repr(second))}\): give each part keys of its own"):
+        Parts([declaring(*first, name="First"), declaring(*second, name="Second")])
+
+
+def test_the_loops_own_keys_and_a_second_catch_all_are_refused_when_built():
+    with pytest.raises(ValueError, match=r"test_parts:Declaring declares the metric key 'step', which the training "
+                                         r"loop writes in every record \(step, tokens\): give the part another key"):
+        Parts([declaring("step")])
+    with pytest.raises(ValueError, match=r"the parts test_parts:First and test_parts:Second both declare '\*'"):
+        Parts([declaring("*", name="First"), declaring("*", name="Second")])
+    with pytest.raises(ValueError, match=r"test_parts:Declaring\.metric_keys is the string 'val/': make it a tuple, "
+                                         r"\('val/',\)"):
+        Parts([type("Declaring", (Part,), {"metric_keys": "val/"})()])  # ("val/") without its comma
+    # Keys that share a beginning but not a prefix ending in "/" are apart.
+    Parts([declaring("max_logit/", "lr"), declaring("max_logit_capped/", "lr_scale", name="Other")])
+
+
+def test_a_key_a_part_did_not_declare_is_refused_when_it_is_logged():
+    step = Step(1, log=True)
+    parts = Parts([declaring("test/", "lr", logs={"test/a": 1.0, "lr": 2.0}),
+                   declaring("*", logs={"trust_ratio_min/w": 3.0}, name="CatchAll")])
+    assert parts.collect("measure", step) == {"test/a": 1.0, "lr": 2.0, "trust_ratio_min/w": 3.0}
+    with pytest.raises(ValueError, match=r"test_parts:Declaring logged the metric key 'testing', outside its "
+                                         r"metric_keys \('test/', 'lr'\): declare it there"):
+        Parts([declaring("test/", "lr", logs={"testing": 1.0})]).collect("measure", step)
+    # The catch-all takes the keys no other part declares, and no other.
+    with pytest.raises(ValueError, match=r"test_parts:CatchAll logged the metric key 'test/a', which "
+                                         r"test_parts:Declaring declares \(its metric_keys \('test/',\)\)"):
+        Parts([declaring("test/"), declaring("*", logs={"test/a": 1.0}, name="CatchAll")]).collect("measure", step)
+    with pytest.raises(ValueError, match=r"logged the metric key 'tokens', which the training loop"):
+        Parts([declaring("*", logs={"tokens": 1.0})]).collect("measure", step)

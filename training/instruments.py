@@ -139,6 +139,8 @@ class OptimizerInstruments(Part):
     ratios, clipping, ...) and the update statistics, on the ranks that hold the measured state
     (``Layout.measures_optimizer``)."""
 
+    metric_keys = ("update_ratio/", "weight_max_abs/", "*")  # "*": the diagnostics, "<statistic>/<parameter>"
+
     def __init__(self, optimizer, statistics: UpdateStatistics, measures: bool):
         self.optimizer, self.statistics, self.measures = optimizer, statistics, measures
 
@@ -163,6 +165,8 @@ class OptimizerInstruments(Part):
 class Probe(Part):
     """``probe_record`` of the evaluated model (``run.evaluated_model()``) at log steps, on a fixed
     batch: the first ``probe_batch_size`` sequences of the validation split."""
+
+    metric_keys = ("max_logit/", "attn_entropy/", "output/", "max_logit_capped/")
 
     def __init__(self, run, batch: Tensor):
         self.run, self.batch = run, batch

@@ -94,6 +94,8 @@ def report(model: nn.Module, optimizer: torch.optim.Optimizer, *, gradient_copie
 
 
 class Memory(Part):
+    metric_keys = ("memory/",)
+
     def __init__(self, run):
         self.run = run
         self.print_due = False

@@ -119,6 +119,8 @@ class TrainLoss(Part):
     ``batch/tokens_per_step``, ``batch/phase``: its index in the batch schedule), and with
     nonfinite="skip" the ``skipped_steps`` so far."""
 
+    metric_keys = ("train/loss", "lr", "grad_norm", "batch/", "skipped_steps")
+
     def __init__(self, run):
         self.run = run
 
@@ -140,6 +142,8 @@ class Speed(Part):
     wall time, everything included (the instruments, validation, checkpoints; the device waited
     for at log steps only), and ``mfu`` where the device's peak FLOP/s is known (the config's
     ``peak_flops``, else the GPU's by its name)."""
+
+    metric_keys = ("tokens_per_s", "mfu")
 
     def __init__(self, run):
         self.run = run

@@ -49,6 +49,7 @@ def gpt_groups(model) -> dict[str, Group]:
 
 class GradientNoiseScale(Part):
     name = "noise_scale"
+    metric_keys = ("noise_scale/",)
 
     def __init__(self, groups: dict[str, Group], micro_tokens: int, grad_accum: int, world_size: int,
                  ema: float = 0.9):

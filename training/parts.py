@@ -38,6 +38,12 @@ the loop never syncs with the host between log steps.
 A part with state sets ``name`` and has ``state_dict`` / ``load_state_dict``: the checkpoint keeps
 it under ``parts[name]`` (training/state.py), and a resumed run continues it; a checkpoint without
 the part's state (an older run, the part added since) leaves it fresh.
+
+A part that returns metrics declares their keys in ``metric_keys``: exact keys (``"lr"``) and
+prefixes ending in "/" (``"val/"``: every key under it), or ``"*"``: every key no other part
+declares (the optimizer's diagnostics, whose statistics each optimizer names). A record holds one
+value a key, so ``Parts`` refuses two parts that declare one key when the run is built (before
+anything is written), and a key that a part returns outside its declaration when it returns it.
 """
 from __future__ import annotations
 
@@ -45,6 +51,10 @@ import importlib
 from dataclasses import dataclass
 
 from torch import Tensor
+
+CATCH_ALL = "*"  # in metric_keys: every key no other part declares
+LOOP = "the training loop"
+LOOP_KEYS = ("step", "tokens")  # what the loop writes in every record beside the parts' metrics (train.py's log)
 
 
 class EvaluationInterrupted(Exception):
@@ -66,6 +76,7 @@ class Part:
     """Something that takes part in a run (see the module's docstring for the moments)."""
 
     name: str | None = None  # the key of its state in a checkpoint; None: it has no state
+    metric_keys: tuple[str, ...] = ()  # the keys it may return from measure and evaluate (the module's docstring)
 
     @classmethod
     def build(cls, run) -> Part | None:
@@ -117,7 +128,38 @@ def imported(names: str) -> list[type[Part]]:
 
 
 class Parts(list):
-    """A run's parts, in the order the loop calls them."""
+    """A run's parts, in the order the loop calls them, each the only one to log its metric keys."""
+
+    def __init__(self, parts=()):
+        super().__init__(parts)
+        self.owners = dict.fromkeys(LOOP_KEYS, LOOP)  # a declared key or prefix -> who declared it
+        self.catch_all = None  # the part that declared "*"
+        for part in self:
+            if isinstance(part.metric_keys, str):  # (("val/") is a string: its letters would be the keys)
+                raise ValueError(f"{label(part)}.metric_keys is the string {part.metric_keys!r}: make it a tuple, "
+                                 f"({part.metric_keys!r},)")
+            for entry in part.metric_keys:
+                self._claim(part, entry)
+
+    def _claim(self, part: Part, entry: str) -> None:
+        """Make ``part`` the owner of ``entry`` (of its metric_keys), unless another part declared a key of it."""
+        if entry == CATCH_ALL:
+            if self.catch_all is not None:
+                raise ValueError(f"the parts {label(self.catch_all)} and {label(part)} both declare {CATCH_ALL!r} "
+                                 "in their metric_keys (every key no other part declares): only one part may")
+            self.catch_all = part
+            return
+        for declared, owner in self.owners.items():
+            if not (covers(declared, entry) or covers(entry, declared)):
+                continue
+            key = max(declared, entry, key=len)  # (the one under the other)
+            if owner == LOOP:
+                raise ValueError(f"{label(part)} declares the metric key {key!r}, which {LOOP} writes in every "
+                                 f"record ({', '.join(LOOP_KEYS)}): give the part another key")
+            raise ValueError(f"the parts {label(owner)} and {label(part)} both log the metric key {key!r} "
+                             f"({type(owner).__name__}.metric_keys {owner.metric_keys!r}, {type(part).__name__}"
+                             f".metric_keys {part.metric_keys!r}): give each part keys of its own")
+        self.owners[entry] = part
 
     @classmethod
     def build(cls, classes, run) -> Parts:
@@ -133,9 +175,47 @@ class Parts(list):
         """The metrics every part returns at ``moment`` ("measure" or "evaluate"), merged."""
         metrics = {}
         for part in self:
-            metrics.update(getattr(part, moment)(step))
+            returned = getattr(part, moment)(step)
+            for key in returned:
+                self._check_owner(part, key)
+            metrics.update(returned)
         return metrics
+
+    def _check_owner(self, part: Part, key: str) -> None:
+        """An error unless ``part`` declared ``key``."""
+        owner = self.owner(key)
+        if owner is part:
+            return
+        if owner is None or owner is self.catch_all:
+            raise ValueError(f"{label(part)} logged the metric key {key!r}, outside its metric_keys "
+                             f"{part.metric_keys!r}: declare it there (a key, or a prefix ending in '/')")
+        declared = (f"{LOOP} writes in every record" if owner == LOOP
+                    else f"{label(owner)} declares (its metric_keys {owner.metric_keys!r})")
+        raise ValueError(f"{label(part)} logged the metric key {key!r}, which {declared}: give each part keys of "
+                         "its own")
+
+    def owner(self, key: str) -> Part | str | None:
+        """Who declared ``key``: the key itself or a prefix of it, else the part that declared "*" (None: no
+        one). A dict lookup a "/" of the key: cheap enough for every key of every log step."""
+        if key in self.owners:
+            return self.owners[key]
+        end = key.find("/")
+        while end != -1:
+            if key[:end + 1] in self.owners:
+                return self.owners[key[:end + 1]]
+            end = key.find("/", end + 1)
+        return self.catch_all
 
     def find(self, kind: type[Part]) -> Part | None:
         """The part of class ``kind``, None if the run has none."""
         return next((part for part in self if isinstance(part, kind)), None)
+
+
+def covers(entry: str, key: str) -> bool:
+    """Whether the metric_keys entry ``entry`` (a key, or a prefix ending in "/") covers ``key``."""
+    return key == entry or entry.endswith("/") and key.startswith(entry)
+
+
+def label(part: Part) -> str:
+    """A part as ``extra_parts`` names its class: "package.module:Class"."""
+    return f"{type(part).__module__}:{type(part).__qualname__}"

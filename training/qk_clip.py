@@ -33,6 +33,8 @@ from training.parts import Part, Step
 
 
 class QKClip(Part):
+    metric_keys = ("qk_clip/",)
+
     def __init__(self, model: GPT, tau: float, ctx: Distributed):
         self.tau, self.ctx = tau, ctx
         self.attentions = [block.attn for block in model.transformer.h]

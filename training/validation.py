@@ -12,6 +12,8 @@ from training.parts import Part, Step
 
 
 class Validation(Part):
+    metric_keys = ("val/", "heldout/")
+
     def __init__(self, run, loader: TokenLoader, val_steps: int, heldout_steps: int):
         self.run, self.loader, self.val_steps, self.heldout_steps = run, loader, val_steps, heldout_steps
 
