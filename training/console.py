@@ -1,7 +1,9 @@
 """The console as a part of a run (training/parts.py): what the run is at the start, a progress
 bar, the run-level numbers of every record (per-parameter series go to the metrics log only) with
 the max attention logit per layer, and at the end the final numbers and, if asked, a sample. Only
-the main rank writes."""
+the main rank writes. With a soft-cap on the attention logits (``attn_logit_softcap``) the max
+attention logits printed are the raw ones (what QK-Clip and MERIT act on: they may lie above the
+cap), labelled so, and the capped ones (what the softmax saw) beside them, as the metrics log has both."""
 from __future__ import annotations
 
 import torch
@@ -55,11 +57,21 @@ class Console(Part):
         self.latest.update(metrics)
         tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
                             if "/" not in k or k.startswith(RUN_LEVEL)))
-        max_logits = [metrics[k] for k in sorted(metrics) if is_layer_key(k, "max_logit")]
+        max_logits, capped = per_layer(metrics, "max_logit"), per_layer(metrics, "max_logit_capped")
         if max_logits:
-            tqdm.write("  max attention logit per layer: " + " ".join(f"{v:.2f}" for v in max_logits))
+            tqdm.write(f"  max attention logit per layer: {self.max_logits_text(metrics)}")
         if "train/loss" in metrics and max_logits:
-            self.progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", max_logit=f"{max(max_logits):.1f}")
+            self.progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", max_logit=f"{max(max_logits):.1f}",
+                                      **({"max_logit_capped": f"{max(capped):.1f}"} if capped else {}))
+
+    def max_logits_text(self, metrics: dict) -> str:
+        """The max attention logit of each layer in ``metrics``; with a soft-cap the raw ones, so
+        labelled, and the capped ones."""
+        raw, capped = (" ".join(f"{v:.2f}" for v in per_layer(metrics, stat))
+                       for stat in ("max_logit", "max_logit_capped"))
+        if not capped:
+            return raw
+        return f"raw {raw}, capped by attn_logit_softcap={self.run.config.attn_logit_softcap:g}: {capped}"
 
     def finish(self) -> None:
         """The final numbers and a sample (every rank: FSDP2 gathers the model for the sample)."""
@@ -68,9 +80,8 @@ class Console(Part):
         self.progress.close()
         if not run.ctx.is_main:
             return
-        max_logits = [f"{self.latest[k]:.2f}" for k in sorted(self.latest) if is_layer_key(k, "max_logit")]
         print(f"finished {run.step} steps ({run.state.tokens:,} tokens): val loss {self.latest['val/loss']:.4f}, "
-              f"max attention logit per layer {' '.join(max_logits)}")
+              f"max attention logit per layer {self.max_logits_text(self.latest)}")
         if sampler is not None:
             print(f"sample:\n{self.sample(sampler, run.config.sample_tokens)}")
 
@@ -85,3 +96,8 @@ class Console(Part):
 
     def close(self) -> None:
         self.progress.close()
+
+
+def per_layer(metrics: dict, stat: str) -> list[float]:
+    """The per-layer values of ``stat`` in ``metrics`` (``max_logit/layer_00``, ...), in layer order."""
+    return [metrics[k] for k in sorted(metrics) if is_layer_key(k, stat)]
