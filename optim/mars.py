@@ -33,16 +33,17 @@ class MARS(HiddenMatricesAndAdamW):
     marked ``hidden_matrix=True`` (``optim.build`` groups a model so), AdamW on the others.
 
     MARS's part: ``lr``, ``betas``, ``eps``, ``weight_decay`` (decoupled, scaled by lr) and ``gamma``.
-    AdamW's part: ``adamw_lr`` (None: lr; a fixed ratio of lr, so it follows lr's schedule, as the
-    authors' ``lr_1d``), ``adamw_betas``, the same ``eps``, ``adamw_weight_decay`` (None:
+    AdamW's part: ``adamw_lr`` (None: lr; kept as a fixed ratio of lr, so it follows lr's schedule, as
+    the authors' ``lr_1d`` does), ``adamw_betas``, the same ``eps``, ``adamw_weight_decay`` (None:
     weight_decay) for the groups that decay (the shared builder decays no embedding, norm or bias
     unless ``decay_embeddings``).
 
     Defaults are the authors' constructor's (AGI-Arena/MARS ``MARS/optimizers/mars.py``: lr 3e-3,
-    betas (0.95, 0.99), eps 1e-8, wd 0, gamma 0.025, lr_1d = lr, betas_1d (0.9, 0.95)) but for their
-    weight_decay_1d 0.1 (here: weight_decay's). Their GPT-2 small recipe (README): lr 6e-3,
-    wd 1e-2, lr_1d 3e-3, weight_decay_1d 0.1. The 2025 benchmark's (optim/published.py): lr 3e-3,
-    wd 0.1, AdamW lr 1e-3 and betas (0.8, 0.999).
+    betas (0.95, 0.99), eps 1e-8, wd 0, gamma 0.025, betas_1d (0.9, 0.95)) but for the AdamW part's
+    lr, their ``lr_1d`` a fixed 3e-3 (here: lr), and its weight decay, their ``weight_decay_1d`` 0.1
+    (here: weight_decay's). Their GPT-2 small recipe (README): lr 6e-3, wd 1e-2, lr_1d 3e-3,
+    weight_decay_1d 0.1. The 2025 benchmark's (optim/published.py): lr 3e-3, wd 0.1, AdamW lr 1e-3
+    and betas (0.8, 0.999).
 
     State: "step", "exp_avg", "exp_avg_sq" per tensor (as torch's fused AdamW keeps them) and
     "last_grad" (g_prev) per MARS matrix. ``step`` consumes the MARS matrices' gradients (p.grad

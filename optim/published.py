@@ -44,10 +44,11 @@ AdamW's settings: a reproduction bug. Sources (docs/optimizers.md):
   benchmark's.
 * Schedule-Free AdamW: the 2025 benchmark's (scripts/124m/sf-adamw.sh): betas (0.9, 0.9999), weight
   decay 0.1, r 0 and weight_lr_power 2 (its defaults), eps 1e-8 (the package's; the script does not
-  set it); lr 1e-3, a warmup of 2,000 steps (the config's warmup_steps; 8,000 at 210M and 720M),
-  grad clip 0.5 (0.1 at 720M) and no lr decay (lr_schedule "constant") in the configs. The authors'
-  defaults (``schedulefree`` 1.4.1) differ: lr 0.0025, betas (0.9, 0.999), no weight decay, no
-  warmup; their README recommends a warmup and beta1 0.95 or 0.98 for very long runs.
+  set it). The paper configs (configs/paper/) take its lr 1e-3 and no lr decay (lr_schedule
+  "constant"), with the warmup and grad clip of every paper point: 2% of the steps (at least 30) and
+  1.0 (scripts/paper_configs.py says why). The authors' defaults (``schedulefree`` 1.4.1) differ: lr
+  0.0025, betas (0.9, 0.999), no weight decay, no warmup; their README recommends a warmup and beta1
+  0.95 or 0.98 for very long runs.
 
 The learning rate is not here: it depends on the model size, and every config sets it (but for
 the separate lr of an AdamW part: Muon's in Keller Jordan's recipe, a fixed 3e-4, and MARS's, 1e-3).

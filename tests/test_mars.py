@@ -166,6 +166,26 @@ def _tiny_gpt(**overrides):
     return GPT(GPTConfig(**{**dict(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8), **overrides}))
 
 
+def test_constructor_defaults_are_the_authors_but_the_adamw_part_s_lr_and_weight_decay():
+    """The authors' constructor defaults (lr 3e-3, betas (0.95, 0.99), eps 1e-8, wd 0, gamma 0.025, the
+    1-D betas (0.9, 0.95)), but the AdamW part's lr is lr (their lr_1d: a fixed 3e-3) and its weight decay
+    weight_decay (their weight_decay_1d: 0.1): at lr 6e-3 and wd 0.05 it steps as torch's AdamW at those."""
+    assert MARS([{"params": [], "hidden_matrix": True}]).defaults == {
+        "lr": 3e-3, "betas": (0.95, 0.99), "eps": 1e-8, "weight_decay": 0.0, "gamma": 0.025,
+        "adamw_betas": (0.9, 0.95), "adamw_lr_ratio": 1.0, "adamw_weight_decay": 0.0}
+    gen = torch.Generator().manual_seed(0)
+    ours, reference = nn.Parameter(torch.randn(4, 3, generator=gen)), nn.Parameter(torch.zeros(4, 3))
+    reference.data.copy_(ours.data)
+    opt = MARS([{"params": [ours], "hidden_matrix": False}], lr=6e-3, weight_decay=0.05)
+    adamw = torch.optim.AdamW([reference], lr=6e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05, fused=True)
+    for _ in range(3):
+        grad = torch.randn(4, 3, generator=gen)
+        ours.grad, reference.grad = grad.clone(), grad.clone()
+        opt.step()
+        adamw.step()
+    assert torch.equal(ours, reference)
+
+
 def test_the_shared_builder_gives_mars_the_hidden_matrices_and_adamw_the_rest():
     model = _tiny_gpt(bias=True)
     opt = optim.build("mars", model, lr=3e-3)
