@@ -1,15 +1,16 @@
 """The critical batch size of a run by branching (Merrill et al. 2025; study/cbs.py, docs/batch.md).
 
-    python -m scripts.cbs RUN --branch-tokens 65536                       # every numbered checkpoint
+    python -m scripts.cbs RUN --branch-tokens 65536                       # every numbered checkpoint before the end
     python -m scripts.cbs RUN --steps 200,400 --multipliers 0.25,0.5,1,2,4,8,16 --seeds 0,1,2 \\
         --branch-tokens 65536 --beta-scaling half-life --launch local
     python -m scripts.cbs RUN ... --launch slurm --gpus-per-node 8        # writes RUN/branches/cbs.sbatch
     python -m scripts.cbs RUN --launch none                               # the table of what finished
 
 RUN is a run folder with numbered checkpoints (ckpt_<step>.pt: train it with
-``permanent_checkpoint_interval``). From each chosen checkpoint (``--steps``; default: every one),
-for each multiplier k and seed, a branch trains ``--branch-tokens`` more tokens at batch k x B with
-the lr times sqrt(k) (``--lr-scaling``) and, with ``--beta-scaling half-life``, the decays of
+``permanent_checkpoint_interval``). From each chosen checkpoint (``--steps``; default: every one
+that leaves ``--branch-tokens`` of the run), for each multiplier k and seed, a branch trains
+``--branch-tokens`` more tokens at batch k x B with the lr times sqrt(k) (``--lr-scaling``) and,
+with ``--beta-scaling half-life``, the decays of
 ``--scale-betas`` at their half-life in tokens, on the parent's lr schedule in tokens. Each branch
 is a run folder, RUN/branches/step_<step>/k<k>_s<seed>, with its config (branch.py) and a copy of
 the parent's checkpoint (seed s: the data read from s x branch tokens past the parent's position).
@@ -29,28 +30,77 @@ from pathlib import Path
 from configs import BETAS, SCALINGS, ConfigError
 from study import cbs
 from study.runs import find_runs
-from study.sweep import add_slurm_arguments, parse_values, write_sbatch
+from study.sweep import add_slurm_arguments, write_sbatch
+
+SEEDS = "the seeds (each reads the data from seed x branch tokens on) comma-separated, e.g. 0,1,2"
+MULTIPLIERS = "the batch multipliers k comma-separated, e.g. 0.25,0.5,1,2,4"
+EMA = "the weight of each new loss in the smoothed loss, in (0, 1], e.g. 0.5"
+
+
+def _number(kind, positive: bool, fix: str):
+    """An argparse type: a ``kind`` value > 0 (``positive``) or >= 0; else the error, ending "give ``fix``"."""
+    what = f"{'a whole number' if kind is int else 'a number'} {'>' if positive else '>='} 0"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not (value > 0 if positive else value >= 0):  # (nan is neither)
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: give {fix}")
+        return value
+    return parse
+
+
+def _numbers(kind, positive: bool, fix: str):
+    """An argparse type: comma-separated values of ``_number``, each given once."""
+    number = _number(kind, positive, fix)
+
+    def parse(text: str) -> list:
+        values = [number(piece) for piece in text.split(",")]
+        twice = sorted({value for value in values if values.count(value) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{text} gives {', '.join(f'{v:g}' for v in twice)} twice: give each once")
+        return values
+    return parse
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.cbs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder with numbered checkpoints")
-    parser.add_argument("--steps", help="the checkpoints' steps, comma-separated (default: every numbered one)")
-    parser.add_argument("--multipliers", default="0.25,0.5,1,2,4,8", help="the batch multipliers k")
-    parser.add_argument("--branch-tokens", type=int, help="tokens each branch trains (required to plan branches)")
+    parser.add_argument("--steps", type=_numbers(int, False, "the checkpoints' steps comma-separated, e.g. 200,400"),
+                        help="the checkpoints' steps, comma-separated (default: every numbered one that leaves "
+                             "--branch-tokens of the run)")
+    parser.add_argument("--multipliers", type=_numbers(float, True, MULTIPLIERS), default="0.25,0.5,1,2,4,8",
+                        help="the batch multipliers k")
+    parser.add_argument("--branch-tokens", type=_number(int, True, "the tokens each branch trains (a whole number of "
+                                                                    "steps of every branch), e.g. 65536"),
+                        help="tokens each branch trains (required to plan branches)")
     parser.add_argument("--lr-scaling", choices=list(SCALINGS), default="sqrt", help="the lr times f(k)")
     parser.add_argument("--beta-scaling", choices=["none", "half-life"], default="none")
     parser.add_argument("--scale-betas", default="beta2", metavar="KEYS",
                         help=f"with --beta-scaling half-life: any of {','.join(BETAS)} (default beta2)")
-    parser.add_argument("--seeds", default="0", help="the branches' seeds, comma-separated (their data offsets)")
-    parser.add_argument("--epsilon", type=float, default=0.01, help="the loss a larger batch may lose")
-    parser.add_argument("--ema", type=float, default=0.5, help="the smoothing of the training loss")
+    parser.add_argument("--seeds", type=_numbers(int, False, SEEDS), default="0",
+                        help="the branches' seeds, comma-separated (their data offsets)")
+    parser.add_argument("--epsilon", type=_number(float, False, "the loss a larger batch may lose, e.g. 0.01"),
+                        default=0.01, help="the loss a larger batch may lose")
+    parser.add_argument("--ema", type=_number(float, True, EMA), default=0.5,
+                        help="the smoothing of the training loss")
     parser.add_argument("--launch", choices=["none", "local", "slurm"], default="none",
                         help="none: write the branches, print what finished; local: train them here; slurm")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="local: ranks per branch (slurm: the GPUs)")
     parser.add_argument("--json", type=Path, help="also write the measurements to this file")
     add_slurm_arguments(parser)
     args = parser.parse_args(argv)
+    if args.ema > 1:
+        parser.error(f"--ema {args.ema:g} is above 1: give {EMA}")
+    if args.run.is_file():
+        parser.error(f"argument run: {args.run} is a file: give the run folder that holds the checkpoints, "
+                     f"{args.run.parent}")
+    if not args.run.is_dir():
+        parser.error(f"argument run: {args.run} does not exist: give a run folder with numbered checkpoints "
+                     f"(ckpt_<step>.pt)")
     run = args.run.resolve()
     try:
         if args.branch_tokens is None:
@@ -63,11 +113,9 @@ def main(argv=None) -> None:
             if unknown:
                 raise ConfigError(f"--scale-betas {args.scale_betas}: {', '.join(unknown)} not one of "
                                   f"{', '.join(BETAS)}")
-            steps = [int(s) for s in parse_values(args.steps)] if args.steps else None
-            multipliers = sorted(float(k) for k in parse_values(args.multipliers))
-            seeds = [int(s) for s in parse_values(args.seeds)]
-            branches = cbs.plan(run, steps, multipliers, args.branch_tokens, args.lr_scaling, betas, seeds,
-                                args.gpus_per_node * args.nodes if args.launch == "slurm" else args.nproc_per_node)
+            world_size = args.gpus_per_node * args.nodes if args.launch == "slurm" else args.nproc_per_node
+            branches = cbs.plan(run, args.steps, sorted(args.multipliers), args.branch_tokens, args.lr_scaling, betas,
+                                args.seeds, world_size)
             cbs.check_written(branches)
             cbs.write(branches, run, shlex.join(["python", "-m", "scripts.cbs", *(argv or sys.argv[1:])]))
     except (ConfigError, ValueError, OSError) as error:

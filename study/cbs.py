@@ -76,9 +76,10 @@ def branch_name(multiplier: float, seed: int) -> str:
 
 def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branch_tokens: int, lr_scaling: str,
          betas: tuple[str, ...], seeds: list[int], world_size: int = 1) -> list[Branch]:
-    """The branches of ``run_dir``'s checkpoints at ``steps`` (None: every numbered one), each a
-    resolved config (nothing is written); a multiplier whose batch is not whole or does not divide
-    over ``world_size`` ranks, or branch tokens that are not whole steps of every branch, refused."""
+    """The branches of ``run_dir``'s checkpoints at ``steps`` (None: every numbered one that leaves
+    ``branch_tokens`` of the run), each a resolved config (nothing is written); a multiplier whose
+    batch is not whole or does not divide over ``world_size`` ranks, branch tokens that are not whole
+    steps of every branch, or a checkpoint too near the run's end, refused."""
     from training.run_config import resolve_config  # (the optimizer registry: only where branches are planned)
     available = {int(NUMBERED.fullmatch(p.name).group(1)): p for p in numbered(run_dir)}
     if not available:
@@ -89,7 +90,7 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
     if missing:
         raise ConfigError(f"{run_dir} has no checkpoint of step {', '.join(map(str, missing))}; its checkpoints are "
                           f"of steps {', '.join(map(str, sorted(available)))}")
-    branches = []
+    branches, too_late = [], []
     for step in chosen:
         checkpoint = Checkpoint.load(available[step])
         if checkpoint.tensors != "inline":
@@ -100,6 +101,14 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
         schedule = BatchSchedule.of(parent, block, BatchSchedule.recorded(checkpoint.batch_phases), step)
         total, warmup = schedule.lengths(parent)
         lr = schedule.lr_schedule(parent, total, warmup)
+        if checkpoint.tokens + branch_tokens > lr.total:
+            only = (": it is the run's only checkpoint; train the run with permanent_checkpoint_interval set (a "
+                    "checkpoint kept every that many steps) to branch from within it") if len(available) == 1 else ""
+            too_late.append(ConfigError(f"the checkpoint of step {step} ({checkpoint.tokens:,} tokens) leaves fewer "
+                                        f"than --branch-tokens {branch_tokens:,} of the run's {lr.total:,}{only}"))
+            if steps is None:  # (every checkpoint: those near the end, the final one at least, are left out)
+                continue
+            raise too_late[-1]
         batch = schedule.phase(step).batch
         scale = SCALINGS[parent.batch_lr_scaling](schedule.ratio(step))  # a scheduled parent's lr there
         for multiplier in multipliers:
@@ -114,19 +123,16 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
                 raise ConfigError(f"--branch-tokens {branch_tokens} is not a whole number of steps of the branch "
                                   f"k={multiplier:g} ({branch_batch} x {block} = {step_tokens} tokens a step): use a "
                                   f"multiple of {math.lcm(*(int(k * batch) * block for k in multipliers)):,}")
-            if checkpoint.tokens + branch_tokens > lr.total:
-                raise ConfigError(f"the checkpoint of step {step} ({checkpoint.tokens:,} tokens) leaves fewer than "
-                                  f"--branch-tokens {branch_tokens:,} of the run's {lr.total:,}")
             factor = SCALINGS[lr_scaling](multiplier) * scale
             micro = math.gcd(parent.micro_batch_size, branch_batch // world_size)
-            steps = branch_tokens // step_tokens
+            branch_steps = branch_tokens // step_tokens
             for seed in seeds:
                 folder = run_dir / BRANCHES / f"step_{step:08d}" / branch_name(multiplier, seed)
                 changes = dict(
                     batch_size=branch_batch, batch_schedule=[], micro_batch_size=micro, lr=parent.lr * factor,
                     min_lr=parent.min_lr * factor, max_steps=0, max_tokens=lr.total, warmup_steps=0,
-                    warmup_tokens=lr.warmup, stop_at_step=step + steps, log_interval=1, eval_interval=NEVER,
-                    checkpoint_interval=max(1, steps // 4), keep_checkpoints=1, permanent_checkpoint_interval=0,
+                    warmup_tokens=lr.warmup, stop_at_step=step + branch_steps, log_interval=1, eval_interval=NEVER,
+                    checkpoint_interval=max(1, branch_steps // 4), keep_checkpoints=1, permanent_checkpoint_interval=0,
                     zero_shot_tasks="", zero_shot_interval=0, sample_tokens=0, wandb_mode="disabled",
                     run_name=folder.name, out_dir=str(folder.parent), resume="auto", overwrite=False,
                     **half_life_betas(parent, multiplier, betas))
@@ -134,6 +140,8 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
                 differing = sorted(key for key in RECORDED if getattr(config, key) != checkpoint.config.get(key))
                 config = resolve_config(dataclasses.replace(config, allow_changes=",".join(differing))).config
                 branches.append(Branch(step, multiplier, seed, config, folder, batch))
+    if too_late and not branches:  # (every checkpoint was too near the end: the earliest says so)
+        raise too_late[0]
     return branches
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, TINY_RUN, train_here
+from helpers import ROOT, TINY_RUN, read_metrics, train_here
 from configs import ConfigError, TrainConfig
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
@@ -35,8 +35,10 @@ def test_the_papers_rule_takes_the_largest_multiplier_that_keeps_up_with_every_s
     assert cbs.critical_multiplier({0.5: 3.000, 1: 3.004, 2: 3.009, 4: 3.020}, epsilon=0.01) == 2
     # Every larger batch is better: the largest.
     assert cbs.critical_multiplier({0.25: 3.3, 1: 3.2, 8: 3.1}, epsilon=0.01) == 8
-    # 4 keeps up with 2 but not with 0.5 (3.0 + 0.01 < 3.02): 2.
-    assert cbs.critical_multiplier({0.5: 3.0, 2: 3.01, 4: 3.02}, epsilon=0.01) == 2
+    # 4 keeps up with 2 (3.012 <= 3.015) but not with 0.5 (3.012 > 3.01): 2.
+    assert cbs.critical_multiplier({0.5: 3.0, 2: 3.005, 4: 3.012}, epsilon=0.01) == 2
+    # On the tie, exact in binary (3.0 + 0.25 == 3.25), k keeps up: the rule is <=.
+    assert cbs.critical_multiplier({1: 3.0, 2: 3.25}, epsilon=0.25) == 2
     # Not monotone: 8 keeps up with everything smaller though 4 did not: the rule takes the largest, 8.
     assert cbs.critical_multiplier({1: 3.0, 2: 3.0, 4: 3.5, 8: 2.9}, epsilon=0.01) == 8
     # Nothing keeps up: the smallest.
@@ -82,7 +84,12 @@ def test_a_diverged_branch_falls_behind_every_branch_that_did_not(tmp_path):
     # k = 0.5 ends at 3.025 (3.2, 3.1, 3.05, 3.025), k = 1 at 3.0, k = 2 diverged on one seed:
     # behind by both rules, though its other seed's 2.5 is the best loss of all.
     assert (m.step, m.batch, m.losses[0.5][0], m.k_epsilon, m.k_interval) == (8, 8, 3.025, 1.0, 1.0)
-    assert "2: diverged" in cbs.table([m], 0.01)
+    # The checkpoint's 64 sequences of 1,024 tokens; L_0.5 - L_1 = 3.025 - 3.0 on both seeds.
+    assert cbs.table([m], 0.01).splitlines()[:3] == [
+        "| step | tokens | batch B | k* (eps 0.01) | B* | k* (95% interval) | B* (interval) | B_simple (sequences) "
+        "| L_k - L_1 by k |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| 8 | 65,536 | 8 | 1 | 8 | 1 | 8 | - | 0.5: +0.0250 ±0.0000, 1: +0.0000 ±0.0000, 2: diverged |"]
 
 
 def measurement(tokens, k, batch=8):
@@ -203,25 +210,46 @@ def test_branches_train_and_measure_the_critical_batch(branched):
     assert [cbs.branch_of(b)[2:] for b in branches[:2]] == [(0.5, 0), (0.5, 1)]
     assert cbs.branch_losses(branches[0]) != cbs.branch_losses(branches[1])
 
-    # The measurement is the rule on the smoothed final losses, and the table shows it.
+    # The measurement smooths each branch's logged losses: the EMA of a = 1/2 written out, weights
+    # 1/2^(n-1) on the first loss and 1/2^(n-i+1) on loss i >= 2.
+    def smoothed_by_hand(losses):
+        n = len(losses)
+        return losses[0] / 2 ** (n - 1) + sum(loss / 2 ** (n - i + 1) for i, loss in enumerate(losses[1:], 2))
+
+    logged = {cbs.branch_of(b)[1:]: [r["train/loss"] for r in read_metrics(b.folder) if "train/loss" in r]
+              for b in branches}
     measurements = cbs.measured_runs(runs, epsilon=0.01, ema=0.5)[run]
     assert [(m.step, m.tokens, m.batch) for m in measurements] == [(8, 2048, 8), (16, 4096, 8)]
     for m in measurements:
+        assert {k: sorted(seeds) for k, seeds in m.losses.items()} == {0.5: [0, 1], 1.0: [0, 1], 2.0: [0, 1]}
         for k, seeds in m.losses.items():
             for seed, loss in seeds.items():
-                branch = next(b for b in branches if cbs.branch_of(b)[1:] == (m.step, k, seed))
-                assert loss == cbs.smoothed(cbs.branch_losses(branch))
-        assert m.k_epsilon == cbs.critical_multiplier({k: sum(v.values()) / 2 for k, v in m.losses.items()}, 0.01)
-        assert m.k_interval == cbs.critical_multiplier_interval(m.losses, 0.01)
+                assert loss == pytest.approx(smoothed_by_hand(logged[m.step, k, seed]), rel=1e-12)
+    # The table: a row per checkpoint (its tokens, the batch 8, B* = 8 k*), in the report under its heading.
     table = cbs.table(measurements, 0.01)
     rows = [line.split(" | ") for line in table.splitlines()[2:4]]
-    assert [row[1:6] for row in rows] == [[f"{m.tokens:,}", "8", f"{m.k_epsilon:g}", f"{m.k_epsilon * 8:g}",
-                                           f"{m.k_interval:g}"] for m in measurements]
-    # The report holds the table, the figures draw it; branches are no study point's runs.
+    assert [row[:3] for row in rows] == [["| 8", "2,048", "8"], ["| 16", "4,096", "8"]]
+    for row in rows:
+        assert float(row[3]) in (0.5, 1, 2) and float(row[4]) == 8 * float(row[3])
+        assert float(row[5]) in (0.5, 1, 2) and float(row[6]) == 8 * float(row[5])
     parents = [r for r in runs if not is_branch(r)]
-    assert f"## Critical batch size by branching: adamw, batch 8, parent\n\n{table}" in report(
-        parents, None, branches=branches)
-    assert plot_cbs(parents, branches, 0.01, 0.5) is not None and plot_cbs_branches(parents, branches, 0.5) is not None
+    text = report(parents, None, branches=branches)
+    assert "## Critical batch size by branching: adamw, batch 8, parent\n\n| step | tokens | batch B |" in text
+    assert all(line in text for line in table.splitlines())
+    # The figures: B* and the run's batch (dotted) at the checkpoints' tokens; each branch's smoothed
+    # loss over its fraction of the branch tokens, the mean over its seeds.
+    [axes] = plot_cbs(parents, branches, 0.01, 0.5).axes
+    b_star, batch = axes.lines[0], axes.lines[-1]
+    assert list(b_star.get_xdata()) == [2048, 4096] and list(b_star.get_ydata()) == [8 * float(r[3]) for r in rows]
+    assert (list(batch.get_xdata()), list(batch.get_ydata()), batch.get_linestyle()) == ([2048, 4096], [8, 8], ":")
+    panels = [ax for ax in plot_cbs_branches(parents, branches, 0.5).axes if ax.lines]
+    assert [ax.get_title() for ax in panels] == ["adamw (parent), step 8", "adamw (parent), step 16"]
+    for ax, step in zip(panels, (8, 16)):
+        assert [line.get_label() for line in ax.lines] == ["k=0.5 (2 seeds)", "k=1 (2 seeds)", "k=2 (2 seeds)"]
+        for line, k, n in zip(ax.lines, (0.5, 1.0, 2.0), (8, 4, 2)):  # steps of 1,024 tokens at 8 k x 32 a step
+            assert list(line.get_xdata()) == [(i + 1) / n for i in range(n)]
+            assert line.get_ydata()[-1] == pytest.approx(
+                sum(smoothed_by_hand(logged[step, k, seed]) for seed in (0, 1)) / 2, rel=1e-12)
     # Planned again: nothing to train; another plan into the folder is refused, naming what differs.
     assert branch_here(run) == runs
     with pytest.raises(ConfigError, match=r"holds the branch step 8 k 0.5 seed 0 with other settings \(.*lr"):
@@ -239,6 +267,65 @@ def test_what_cannot_branch_is_refused_with_its_fix(parent, changes, error):
                  "seeds": [0], **changes}
     with pytest.raises(ConfigError, match=error):
         cbs.plan(parent, **arguments)
+
+
+def final_only(parent, tmp_path):
+    """A copy of the parent that kept its final checkpoint only (as a run trained without
+    permanent_checkpoint_interval does)."""
+    run = copy_of(parent, tmp_path)
+    for step in range(4, 24, 4):
+        (run / f"ckpt_{step:08d}.pt").unlink()
+    return run
+
+
+def test_by_default_the_checkpoints_that_leave_the_branch_tokens_branch(parent, tmp_path):
+    """Every checkpoint but those too near the run's end (the final one, always, used to refuse the
+    default); a run with only its final checkpoint is told how to keep earlier ones."""
+    # 6,144 tokens in all: step 20 (5,120 tokens) leaves 1,024, step 24 none.
+    branches = cbs.plan(parent, None, [0.5, 1, 2], 1024, "sqrt", (), [0])
+    assert sorted({b.step for b in branches}) == [4, 8, 12, 16, 20] and len(branches) == 15
+    with pytest.raises(ConfigError, match=r"^the checkpoint of step 24 \(6,144 tokens\) leaves fewer than "
+                                          r"--branch-tokens 1,024 of the run's 6,144: it is the run's only checkpoint; "
+                                          r"train the run with permanent_checkpoint_interval set"):
+        cbs.plan(final_only(parent, tmp_path), None, [0.5, 1, 2], 1024, "sqrt", (), [0])
+
+
+@pytest.mark.slow  # a process for each command
+def test_what_the_command_cannot_take_is_refused_naming_it_and_the_fix(parent, tmp_path):
+    final = final_only(parent, tmp_path / "final")
+    branching = [str(parent), "--steps", "8", "--branch-tokens", "1024"]
+    refused = [  # (the command's arguments, its exit status, the end of its message)
+        ([*branching, "--seeds", "0,x"], 2, "argument --seeds: 'x' is not a whole number >= 0: give the seeds (each "
+                                            "reads the data from seed x branch tokens on) comma-separated, e.g. 0,1,2"),
+        ([*branching, "--seeds", "0,1,0"], 2, "argument --seeds: 0,1,0 gives 0 twice: give each once"),
+        ([*branching, "--multipliers", "0,-2"], 2, "argument --multipliers: '0' is not a number > 0: give the batch "
+                                                   "multipliers k comma-separated, e.g. 0.25,0.5,1,2,4"),
+        ([str(parent), "--branch-tokens=-2048"], 2, "argument --branch-tokens: '-2048' is not a whole number > 0: give "
+                                                    "the tokens each branch trains (a whole number of steps of every "
+                                                    "branch), e.g. 65536"),
+        ([*branching, "--ema", "0"], 2, "argument --ema: '0' is not a number > 0: give the weight of each new loss in "
+                                        "the smoothed loss, in (0, 1], e.g. 0.5"),
+        ([*branching, "--ema", "1.5"], 2, "--ema 1.5 is above 1: give the weight of each new loss in the smoothed "
+                                          "loss, in (0, 1], e.g. 0.5"),
+        ([str(parent / "ckpt.pt"), "--branch-tokens", "1024"], 2,
+         f"argument run: {parent / 'ckpt.pt'} is a file: give the run folder that holds the checkpoints, {parent}"),
+        ([str(parent / "missing"), "--branch-tokens", "1024"], 2,
+         f"argument run: {parent / 'missing'} does not exist: give a run folder with numbered checkpoints "
+         f"(ckpt_<step>.pt)"),
+        ([str(final), "--branch-tokens", "1024"], 1,
+         "cbs: the checkpoint of step 24 (6,144 tokens) leaves fewer than --branch-tokens 1,024 of the run's 6,144: it "
+         "is the run's only checkpoint; train the run with permanent_checkpoint_interval set (a checkpoint kept every "
+         "that many steps) to branch from within it"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = [subprocess.Popen([sys.executable, "-m", "scripts.cbs", *arguments], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for arguments, _, _ in refused]  # (at once: each process is mostly its imports)
+    for process, (arguments, status, message) in zip(processes, refused):
+        stderr = process.communicate(timeout=120)[1]
+        last_line = stderr.strip().splitlines()[-1]
+        assert (process.returncode, last_line.split(": error: ")[-1]) == (status, message), (arguments, stderr)
+    assert not (parent / "branches").exists() and not (final / "branches").exists()
 
 
 @pytest.mark.slow
