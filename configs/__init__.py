@@ -6,7 +6,10 @@ Every public name it leaves behind must be a field of ``TrainConfig`` with the f
 helper variables start with ``_`` (``_base_lr = 6e-4``), and imported modules, functions and
 classes are not settings. A run's ``config.json`` is a config too (to rerun or vary a run).
 Command-line overrides ``--key=value`` are parsed as Python literals (``ast.literal_eval``),
-never evaluated as code; a key of type str takes the text as it is (``--run_name=42``).
+never evaluated as code; a key of type str takes the text as it is (``--run_name=42``). The
+invocation flags (``INVOCATION_KEYS``: --resume, --overwrite, --allow_changes, --stop_at_step)
+say what one invocation does with its run folder, not what the run is: a config.json never
+records them, and one used as a config never carries them.
 
 The schema checks what it can check by itself (types, ranges, combinations), so importing it is
 cheap and asks nothing of the machine: sweeps, reports and plots load thousands of configs. The
@@ -28,6 +31,7 @@ import json
 import math
 import os
 import runpy
+import shlex
 import textwrap
 import types
 import typing
@@ -59,6 +63,10 @@ ROLES = {
 SCALINGS = {"sqrt": math.sqrt, "linear": lambda ratio: ratio, "none": lambda ratio: 1.0}
 # The decays a batch change may scale by their half-life in tokens: Adam's beta2 and beta1, Muon's momentum.
 BETAS = ("beta2", "beta1", "momentum")
+# What one invocation of train.py does with its run folder, not what the run is: set on the command
+# line (or by a Python config file), never recorded in a run's config.json, so that a recorded config
+# used as a config cannot start another run over, stop it early or make it resume.
+INVOCATION_KEYS = ("resume", "overwrite", "allow_changes", "stop_at_step")
 
 
 def role(name: str, default=dataclasses.MISSING, default_factory=dataclasses.MISSING):
@@ -290,6 +298,10 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def recorded(self) -> dict:
+        """What a run records of its config: every key but the invocation flags (INVOCATION_KEYS)."""
+        return {key: value for key, value in self.to_dict().items() if key not in INVOCATION_KEYS}
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -400,7 +412,8 @@ def _parse_override(arg: str, following: str | None) -> tuple[str, object]:
 
 
 def _run_config_file(path: Path) -> dict:
-    """The names a Python config file (or a run's config.json) leaves behind."""
+    """The names a Python config file (or a run's config.json, less the invocation flags an older
+    one records) leaves behind."""
     if path.suffix == ".json":
         try:
             values = json.loads(path.read_text())
@@ -408,6 +421,12 @@ def _run_config_file(path: Path) -> dict:
             raise ConfigError(f"config file {path} is not valid JSON ({error})") from error
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path} holds no JSON object of config keys")
+        flags = {key: values.pop(key) for key in INVOCATION_KEYS if key in values}
+        flags_set = {key: value for key, value in flags.items() if value != _FIELDS[key].default}
+        if flags_set:  # (written before config.json stopped recording them)
+            warnings.warn(f"{path} records how the invocation that wrote it used its run folder ("
+                          + ", ".join(f"{key}={value!r}" for key, value in flags_set.items())
+                          + "): that is no setting of the run, so it is dropped; give such flags on the command line")
         changes = values.pop("changes", None)
         if changes:
             warnings.warn(f"{path} records {len(changes)} setting(s) changed when its run resumed ("
@@ -443,13 +462,18 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
         if key not in _FIELDS:
             raise _unknown_key(key, "the command line")
         values[key] = _coerce(key, value, "the command line")
+    if path is None and not {"max_steps", "max_tokens"} & values.keys():
+        raise ConfigError(f"no config file given, so nothing sets the run's length (max_steps or max_tokens): name a "
+                          f"config file first, e.g. python train.py configs/default.py {shlex.join(overrides)}, or set "
+                          f"--max_steps (or --max_tokens)")
     return TrainConfig(**values)
 
 
 def save_config(config: TrainConfig, path: Path, changes: list[dict] = ()):
-    """Write ``config`` as JSON: with ``changes`` (made on resume: step, key, from, to), the
-    settings the run started with and the list of changes, each from its step on."""
-    values = config.to_dict()
+    """Write ``config`` as JSON, without the invocation's flags (INVOCATION_KEYS): with ``changes``
+    (made on resume: step, key, from, to), the settings the run started with and the list of
+    changes, each from its step on."""
+    values = config.recorded()
     for change in reversed(changes):
         values[change["key"]] = change["from"]
     with atomic_write(path, "w") as f:

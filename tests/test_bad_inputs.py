@@ -219,6 +219,19 @@ def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name
     assert list(tmp_path.iterdir()) == []
 
 
+def test_no_config_file_and_no_length_says_how_to_name_a_config(workspace, monkeypatch, tmp_path):
+    data, out = workspace
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(out.parent)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([f"--data_dir={data}", f"--out_dir={out}", "--run_name=y"])
+    assert str(exit_info.value.code) == (
+        f"train.py: no config file given, so nothing sets the run's length (max_steps or max_tokens): name a "
+        f"config file first, e.g. python train.py configs/default.py --data_dir={data} --out_dir={out} "
+        f"--run_name=y, or set --max_steps (or --max_tokens)")
+    assert snapshot(out.parent) == before and list(tmp_path.iterdir()) == []
+
+
 def test_a_corrupt_manifest_shard_is_refused(workspace, tmp_path):
     data, _ = workspace
     broken = tmp_path / "data"

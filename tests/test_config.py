@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import typing
+import warnings
 
 import pytest
 import torch
@@ -250,3 +251,31 @@ def test_every_model_field_is_an_override_of_the_preset():
         assert name in keys, f"GPTConfig.{name} is no config key: add it to TrainConfig's model overrides"
         assert types[name] == model_types[name] | None and keys[name].default is None, name
         assert keys[name].metadata["role"] == "experiment", name
+
+
+def test_the_invocation_flags_are_never_recorded_and_an_older_config_json_drops_them(tmp_path):
+    flags = {"resume", "overwrite", "allow_changes", "stop_at_step"}  # what one invocation does with the folder
+    config = load_config(None, ["--max_steps=3", "--overwrite", "--stop_at_step=2", "--allow_changes=lr"])
+    save_config(config, tmp_path / "config.json")
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert not flags & recorded.keys() and recorded["max_steps"] == 3
+    assert set(recorded) == {f.name for f in dataclasses.fields(TrainConfig)} - flags
+
+    # A config.json written before: its flags dropped, those set said in a warning; the command line sets them.
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({**recorded, "resume": False, "overwrite": True, "stop_at_step": 2,
+                                 "allow_changes": "lr"}))
+    with pytest.warns(UserWarning) as caught:
+        loaded = load_config(str(older), ["--resume"])
+    [message] = [str(w.message) for w in caught]
+    assert message.startswith(f"{older} records how the invocation that wrote it used its run folder "
+                              f"(overwrite=True, allow_changes='lr', stop_at_step=2)")
+    assert "resume=" not in message and "on the command line" in message
+    assert (loaded.resume, loaded.overwrite, loaded.stop_at_step, loaded.allow_changes) == (True, False, 0, "")
+    older.write_text(json.dumps({**recorded, "resume": False, "overwrite": False}))  # at their defaults: quietly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(str(older)) == TrainConfig(max_steps=3)
+    # A Python config file is no record of an invocation: it sets them (a sweep's points resume="auto").
+    assert load_config(write(tmp_path, "c.py", "max_steps = 3\nresume = 'auto'\nstop_at_step = 2\n")).stop_at_step == 2
+
