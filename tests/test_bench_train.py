@@ -84,15 +84,19 @@ def test_bench_train_without_parts_compares_whole_steps_alone(tmp_path):
 @pytest.mark.slow  # a process of its own
 def test_bench_train_compares_models_each_with_its_own_shape_and_flops(tmp_path):
     """--models: one trainer per preset with its own overrides, each row's tokens/s the batch over its
-    step and its FLOP/s its own model's flops_per_token times that (GPT-2's and Llama's counts differ)."""
-    from model import GPT, GPTConfig
+    step and its FLOP/s its own model's FLOPs per token times that (GPT-2's and Llama's counts differ)."""
     stdout, measured = bench_train(tmp_path, "--steps=2", "--warmup=1", "--no-parts", "--models", "nano",
                                    "llama_nano,vocab_size=640")
     assert_compared_as_printed(stdout, measured, ["nano", "llama_nano"])
-    shape = dict(n_layer=TINY["n_layer"], n_head=TINY["n_head"], n_embd=TINY["n_embd"], block_size=TINY["block_size"])
-    for name, vocab in (("nano", 320), ("llama_nano", 640)):
-        entry, model = measured["compare"][name], GPT(GPTConfig.preset(name, vocab_size=vocab, **shape))
-        assert entry["params"] == model.num_params()
+    # The non-embedding parameters of the tiny shape (2 layers of 32 dims, no biases), counted here: GPT-2
+    # V d + L (12 d^2 + 2 d) + d (the tied head, 4d-wide MLP, two LayerNorms a block, the final one);
+    # Llama V d + L (4 d^2 + 3 d x 96 + 2 d) + d (its untied head, SwiGLU 8/3 x 32 rounded up to 96).
+    params = {"nano": 320 * 32 + 2 * (12 * 32 ** 2 + 2 * 32) + 32,
+              "llama_nano": 640 * 32 + 2 * (4 * 32 ** 2 + 3 * 32 * 96 + 2 * 32) + 32}
+    attention = 12 * 2 * 2 * 16 * 32  # 12 L H Q T a token
+    for name in ("nano", "llama_nano"):
+        entry = measured["compare"][name]
+        assert entry["params"] == params[name]
         assert entry["tokens_per_s"] == pytest.approx(8 * 32 / (entry["step_ms"] / 1e3))
-        assert entry["flops"] == pytest.approx(model.flops_per_token() * entry["tokens_per_s"])
+        assert entry["flops"] == pytest.approx((6 * params[name] + attention) * entry["tokens_per_s"])
     assert "model llama_nano: 2 layers, 2 heads, 32 dims, block 32, vocab 640" in stdout
