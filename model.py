@@ -83,6 +83,11 @@ class GPTConfig:
             self.intermediate_size = 4 * self.n_embd if self.arch == "gpt2" else llama_width(self.n_embd)
         if self.norm_eps is None:
             self.norm_eps = NORM_EPS[self.arch]
+        for name, meaning in (("norm_eps", "the norms' epsilon: GPT-2 1e-5, Llama 1e-6"),
+                              ("rope_theta", "the rotary base: Llama 10000.0")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"GPTConfig.{name} must be a finite number > 0 ({meaning}), got {value!r}")
         for name in ("attn_logit_softcap", "final_logit_softcap"):
             cap = getattr(self, name)
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):

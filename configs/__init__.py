@@ -240,6 +240,9 @@ class TrainConfig:
         unknown = set(self.batch_half_life_betas.split(",")) - {""} - set(BETAS)
         _check(not unknown, f"batch_half_life_betas={self.batch_half_life_betas!r}: {', '.join(sorted(unknown))} "
                             f"is not a decay it can scale; use any of {', '.join(BETAS)}, comma-separated")
+        for key in ("max_steps", "max_tokens", "warmup_steps", "warmup_tokens"):
+            _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} is negative: a length in steps or tokens "
+                                            f"is >= 0 (0 leaves it unset)")
         _check((self.max_steps > 0) != (self.max_tokens > 0),
                f"set exactly one of max_steps ({self.max_steps}) and max_tokens ({self.max_tokens})")
         _check(not (self.warmup_steps and self.warmup_tokens),
@@ -254,8 +257,6 @@ class TrainConfig:
                f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
         _check(self.lr > 0, f"lr={self.lr} must be > 0 (the peak learning rate; min_lr is where it decays to)")
         _check(0.0 <= self.min_lr <= self.lr, f"min_lr={self.min_lr} must lie in [0, lr={self.lr}]")
-        _check(self.warmup_steps >= 0 and self.warmup_tokens >= 0,
-               f"warmup_steps={self.warmup_steps} and warmup_tokens={self.warmup_tokens} must be >= 0")
         _check(0.0 <= self.decay_fraction <= 1.0, f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         for key in ("probe_batch_size", "val_tokens", "max_skipped_steps", "keep_checkpoints"):
             _check(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
@@ -270,6 +271,11 @@ class TrainConfig:
                f"qk_clip_tau with qk_norm={self.qk_norm!r}: QK-Norm's gains are one norm over head_dim that all of "
                f"a layer's heads share, so no head can be clipped alone (and scaling W_q, W_k does nothing under "
                f"the norm); QK-Norm already bounds the logits through those gains: use one of the two")
+        for key in ("seed", "data_seed"):  # (numpy's generator of the data order takes no negative seed)
+            _check(0 <= getattr(self, key) < 2 ** 32, f"{key}={getattr(self, key)} must lie in [0, 2**32)")
+        _check(self.peak_flops is None or self.peak_flops > 0,
+               f"peak_flops={self.peak_flops} must be > 0 (a device's peak FLOP/s, for MFU: an H100's bf16 is "
+               f"989e12) or None (looked up from the GPU's name)")
         _check(0.0 <= self.noise_scale_ema < 1.0, f"noise_scale_ema={self.noise_scale_ema} must lie in [0, 1)")
         _check(self.weight_decay is None or self.weight_decay >= 0,
                f"weight_decay={self.weight_decay} must be >= 0 (or unset: the optimizer's published value)")

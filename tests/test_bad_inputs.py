@@ -18,7 +18,11 @@ CASES = {
     "lr zero": (["--lr=0"], r"lr=0.0 must be > 0"),
     "lr negative": (["--lr=-0.001"], r"lr=-0.001 must be > 0"),
     "min_lr above lr": (["--lr=0.001", "--min_lr=0.01"], r"min_lr=0.01 must lie in \[0, lr=0.001\]"),
-    "negative warmup": (["--warmup_steps=-1"], r"warmup_steps=-1 .* must be >= 0"),
+    "negative warmup": (["--warmup_steps=-1"], r"warmup_steps=-1 is negative: a length in steps or tokens is >= 0"),
+    "negative warmup in tokens": (["--warmup_tokens=-64"], r"warmup_tokens=-64 is negative: a length"),
+    "negative length": (["--max_steps=-5"], r"max_steps=-5 is negative: a length in steps or tokens is >= 0 \(0 "
+                                            r"leaves it unset\)"),
+    "negative length in tokens": (["--max_steps=0", "--max_tokens=-5"], r"max_tokens=-5 is negative"),
     "warmup longer than the run": (["--warmup_steps=50"], r"warmup \(50 steps\) is longer than the run \(2 steps\)"
                                                           r": shorten warmup_steps"),
     "no length": (["--max_steps=0"], r"set exactly one of max_steps \(0\) and max_tokens \(0\)"),
@@ -148,6 +152,12 @@ CASES = {
                                            r"train; raise stop_at_step"),
     "a planted metrics link": (["--resume", "--run_name=linked"], r"linked/metrics.jsonl is a symbolic link \(to "
                                                                   r".*\): a run's files are its own; remove the link"),
+    "a Llama's rotary base zero": (["--arch=llama", "--rope_theta=0.0"], r"GPTConfig.rope_theta must be a finite "
+                                                                        r"number > 0 \(the rotary base.*\), got 0.0"),
+    "norm epsilon zero": (["--norm_eps=0.0"], r"GPTConfig.norm_eps must be a finite number > 0 \(.*\), got 0.0"),
+    "negative peak FLOP/s": (["--peak_flops=-1"], r"peak_flops=-1.0 must be > 0 \(.*\) or None"),
+    "negative seed": (["--seed=-1"], r"seed=-1 must lie in \[0, 2\*\*32\)"),
+    "negative data seed": (["--data_seed=-1"], r"data_seed=-1 must lie in \[0, 2\*\*32\)"),
     "newest checkpoint deleted": (["--resume", "--run_name=pruned"], r"the newest checkpoint .*ckpt_00000002.pt "
                                                                      r"\(ckpt.pt points at it\) is missing: resume the "
                                                                      r"one before it, ckpt_00000001.pt, with "

@@ -279,3 +279,9 @@ def test_the_invocation_flags_are_never_recorded_and_an_older_config_json_drops_
     # A Python config file is no record of an invocation: it sets them (a sweep's points resume="auto").
     assert load_config(write(tmp_path, "c.py", "max_steps = 3\nresume = 'auto'\nstop_at_step = 2\n")).stop_at_step == 2
 
+
+def test_model_values_out_of_their_range_are_refused_naming_the_key_the_value_and_the_range():
+    for key, value, range_ in (("rope_theta", 0.0, "> 0"), ("rope_theta", math.inf, "> 0"), ("norm_eps", -1e-6, "> 0"),
+                               ("norm_eps", 0.0, "> 0")):
+        with pytest.raises(ValueError, match=rf"GPTConfig.{key} must be a finite number {range_} .*got {value!r}"):
+            GPTConfig(arch="llama", **{key: value})
