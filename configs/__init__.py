@@ -85,7 +85,7 @@ class TrainConfig:
     resume: bool | str = role("bookkeeping", False)
     # on --resume, the keys that define what is trained (roles experiment, optimizer, lr, seed) whose
     # new values apply from the resumed step, e.g. "max_steps" or "weight_decay,beta2"; a change not
-    # named is refused (docs/checkpoints.md)
+    # named is refused (docs/checkpoints.md), and so is a name that is no config key
     allow_changes: str = role("bookkeeping", "")
     # start over in a run folder that holds a run (its checkpoint, metrics and config)
     overwrite: bool = role("bookkeeping", False)
@@ -226,6 +226,10 @@ class TrainConfig:
                f"exist), --resume=auto (resume if one exists, else start) or leave it out")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: --resume continues "
                "the run in the run folder, --overwrite starts it over")
+        for name in listed(self.allow_changes):  # (refused here, a name is never in a resume's suggested command)
+            if name not in _FIELDS:
+                raise ConfigError(f"allow_changes={self.allow_changes!r}: {name!r} is not a config key"
+                                  f"{_suggestion(name)}")
         _check(self.run_name not in ("", ".", "..") and "/" not in self.run_name and "\\" not in self.run_name,
                f"run_name={self.run_name!r} must be one folder name (no '/', not '.' or '..'): the run folder "
                f"is out_dir/run_name; put the path in out_dir")
@@ -370,13 +374,24 @@ ALIASES = {
 }
 
 
-def _unknown_key(key: str, where: str) -> ConfigError:
+def _suggestion(key: str) -> str:
+    """What ``key``, which is no config key, may mean: its name here (another framework's key), else
+    the closest key."""
     if key in ALIASES:
-        hint = f"; here it is {ALIASES[key]}"
-    elif close := difflib.get_close_matches(key, _FIELDS, n=1):
-        hint = f"; did you mean '{close[0]}'?"
-    else:
-        hint = "; python train.py --help lists the valid keys"
+        return f"; here it is {ALIASES[key]}"
+    if close := difflib.get_close_matches(key, _FIELDS, n=1):
+        return f"; did you mean '{close[0]}'?"
+    return "; python train.py --help lists the valid keys"
+
+
+def listed(text: str) -> list[str]:
+    """The names of a comma-separated list such as allow_changes ("weight_decay, beta2"), spaces
+    and empty entries dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    hint = _suggestion(key)
     if where != "the command line":
         hint += " (a helper variable in a config file starts with '_', e.g. _" + key + ")"
     return ConfigError(f"unknown config key '{key}' in {where}{hint}")

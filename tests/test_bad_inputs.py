@@ -158,6 +158,9 @@ CASES = {
     "negative peak FLOP/s": (["--peak_flops=-1"], r"peak_flops=-1.0 must be > 0 \(.*\) or None"),
     "negative seed": (["--seed=-1"], r"seed=-1 must lie in \[0, 2\*\*32\)"),
     "negative data seed": (["--data_seed=-1"], r"data_seed=-1 must lie in \[0, 2\*\*32\)"),
+    "allow_changes typo": (["--resume", "--run_name=good", "--grad_clip=0.1", "--allow_changes=wieght_decay"],
+                           r"allow_changes='wieght_decay': 'wieght_decay' is not a config key; did you mean "
+                           r"'weight_decay'\?"),
     "newest checkpoint deleted": (["--resume", "--run_name=pruned"], r"the newest checkpoint .*ckpt_00000002.pt "
                                                                      r"\(ckpt.pt points at it\) is missing: resume the "
                                                                      r"one before it, ckpt_00000001.pt, with "

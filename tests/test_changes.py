@@ -6,6 +6,7 @@ checkpoint, config.json (the start settings and the changes), metrics.jsonl, and
 such a run out with a note."""
 import argparse
 import json
+import re
 import warnings
 
 import pytest
@@ -103,3 +104,17 @@ def test_an_allowed_change_applies_from_the_resumed_step_and_is_recorded(byte_sh
     # The study: a run whose settings changed is no point's, and says so.
     selected = study_runs(argparse.Namespace(paths=[tmp_path], select_on="val/loss"), "report")
     assert [r.folder for r in selected] == [by_hand / "run"]
+
+
+def test_an_unknown_name_in_allow_changes_is_refused_with_its_likely_key_and_never_suggested(byte_shards, tmp_path):
+    train_here(*args(byte_shards, tmp_path, f"--stop_at_step={CHANGED_AT}"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    for names, unknown, meant in (("wieght_decay", "wieght_decay", "weight_decay"),
+                                  ("weight_decay, z_los", "z_los", "z_loss")):
+        refused = train_here(*args(byte_shards, tmp_path, "--resume", "--weight_decay=0.5", "--z_loss=0.1",
+                                   f"--allow_changes={names}"), check=False)
+        assert refused.returncode == 1
+        assert (f"allow_changes={names!r}: {unknown!r} is not a config key; did you mean {meant!r}?"
+                in refused.stderr), refused.stderr
+        assert not re.search(rf"--allow_changes=\S*{unknown}", refused.stderr)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from atomic import atomic_write
-from configs import keys_with_role
+from configs import keys_with_role, listed
 from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
@@ -177,14 +177,14 @@ class Checkpoint:
         if 0 < config["stop_at_step"] <= self.step:
             raise ValueError(f"stop_at_step={config['stop_at_step']} is not past the checkpoint's step {self.step}: "
                              f"nothing would train; raise stop_at_step or leave it out")
-        allowed = {key.strip() for key in config.get("allow_changes", "").split(",")}
+        allowed = set(listed(config.get("allow_changes", "")))
         refused = {key: pair for key, pair in changed.items() if key not in allowed}
         if refused:
             raise ValueError(f"resuming {path} at step {self.step} would change what the run trains ("
                              + "; ".join(f"{key}: checkpoint {old!r}, now {new!r}"
                                          for key, (old, new) in refused.items())
                              + f"): resume with the checkpoint's settings, or apply the changes from step {self.step} "
-                             f"on with --allow_changes={','.join(sorted(allowed - {''} | refused.keys()))}")
+                             f"on with --allow_changes={','.join(sorted(allowed | refused.keys()))}")
         return [{"step": self.step, "key": key, "from": old, "to": new} for key, (old, new) in changed.items()]
 
     def model_config(self, path: Path) -> GPTConfig:
