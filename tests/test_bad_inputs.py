@@ -112,8 +112,8 @@ CASES = {
                                     r"Invalid hessian_interval: 0 \(must be an int >= 1\).*optimizer_options"),
     "negative rho": (["--optimizer=sophiag", "--optimizer_options={'rho': -1}"], r"Invalid rho value: -1"),
     "unknown norm": (["--optimizer_options={'norm': 'l3'}"], r"Invalid norm: 'l3' \(must be 'max' or 'l2'\)"),
-    "a flag that is not a bool": (["--optimizer_options={'maxlamb': 'yes'}"], r"Invalid maxlamb: 'yes' \(must be True "
-                                                                              r"or False\)"),
+    "a flag that is not a bool": (["--optimizer_options={'maxlamb': 'yes'}"], r"option 'maxlamb' of optimizer 'merit' "
+                                                                              r"must be True or False, got str 'yes'"),
     "block longer than the data": (["--block_size=100000"], r"the 'train' split of .* has [\d,]+ tokens, fewer than "
                                                              r"one global micro-batch needs.*Use a smaller batch or block"),
     "eval interval zero": (["--eval_interval=0"], r"log_interval and eval_interval must be > 0"),
