@@ -38,6 +38,7 @@ from training.checkpoint import NUMBERED, RECORDED, Checkpoint, numbered, save_i
 
 BRANCH_FOLDER = re.compile(r"k([0-9.e+-]+)_s(\d+)")  # a branch's folder: k<multiplier>_s<seed>
 NEVER = 10 ** 12  # an interval no branch reaches (validation, zero-shot: a branch measures its training loss)
+BRANCH_FILE = "branch.py"  # a branch's config file: what it trains, to its stop_at_step
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Branch:
 
     @property
     def file(self) -> Path:
-        return self.folder / "branch.py"
+        return self.folder / BRANCH_FILE
 
     @property
     def name(self) -> str:
@@ -273,10 +274,18 @@ def ending(records: list[dict], stop_at_step: int) -> str | None:
     return "diverged" if any("nonfinite" in r.get("event", {}) for r in records) else None
 
 
+def branch_end(run: Run) -> int:
+    """The step a branch's run stops at: its config file's stop_at_step (a run's config.json records
+    no invocation flag; one written before that rule, as in the archives packed then, does)."""
+    if "stop_at_step" in run.config:
+        return run.config["stop_at_step"]
+    return load_config(str(run.folder / BRANCH_FILE)).stop_at_step
+
+
 def branch_losses(run: Run) -> list[float] | None:
     """A branch's training loss at each of its steps, None until it is done; [inf] if it diverged
     (nonfinite="stop" ended it): it fell behind every branch that did not."""
-    done = ending(run.records, run.config["stop_at_step"])
+    done = ending(run.records, branch_end(run))
     if done != "finished":
         return [math.inf] if done else None
     step = branch_of(run)[1]
