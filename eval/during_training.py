@@ -19,6 +19,8 @@ from training.parts import EvaluationInterrupted, Part, Step
 
 
 class ZeroShot(Part):
+    metric_keys = ("zero_shot/",)
+
     def __init__(self, run):
         self.run = run
 
