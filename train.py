@@ -11,6 +11,7 @@ number of ranks, so the same config optimizes identically on 1 or 64 GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from contextlib import contextmanager, nullcontext
@@ -95,6 +96,7 @@ class Trainer:
         self.state = RunState(self.model, self.optimizer, config=config.to_dict(), schedule=self.schedule,
                               parts=self.parts, scaler=self.scaler, train_loader=self.train_loader,
                               train_window=self.loss_window, rng=RankRNG(self.ctx))
+        self.pending_evaluation: Step | None = None  # the step whose evaluation a stop interrupted (restore)
         if self.resuming:
             self.restore()
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
@@ -145,10 +147,13 @@ class Trainer:
             save_config(config, self.run_dir / "config.json", self.state.changes)
         self.parts.call("start")
         last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
-        if self.step == 0 or self.state.evaluating:  # the loss curve's start; an evaluation a stop interrupted
-            self.evaluate(Step(self.step, final=self.step == self.total_steps))
-            if self.step == self.total_steps:
+        if self.step == 0 or self.pending_evaluation:  # the loss curve's start; an evaluation a stop interrupted
+            self.evaluate(self.pending_evaluation or Step(0))
+            if self.pending_evaluation:
                 self.save_checkpoint()  # (the record: the evaluation done, or pending still)
+                if self.state.evaluating:  # stopped again: it stays pending, nothing trains before it
+                    self.say_stopped()
+                    return
         while self.step < last_step:
             number = self.step + 1
             step = Step(number, log=number % config.log_interval == 0 or number == self.total_steps,
@@ -166,11 +171,17 @@ class Trainer:
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
             if stop:
-                tqdm.write(f"rank {ctx.rank}: {self.signals.received or 'SIGTERM'} received, saved step {self.step}, "
-                           f"exiting")
+                self.say_stopped()
                 break
         if self.step == self.total_steps and not self.state.evaluating:
             self.parts.call("finish")
+
+    def say_stopped(self) -> None:
+        """The stop, saved: with the evaluation it left pending, which any resume runs first."""
+        pending = (f", with step {self.state.evaluating}'s evaluation pending (any resume runs it first)"
+                   if self.state.evaluating else "")
+        tqdm.write(f"rank {self.ctx.rank}: {self.signals.received or 'SIGTERM'} received, saved step {self.step}"
+                   f"{pending}, exiting")
 
     def train_step(self, step: Step) -> torch.Tensor:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
@@ -306,9 +317,17 @@ class Trainer:
         self.layout.load(self.state, checkpoint, path)
         self.state.changes += changes  # (each named by allow_changes)
         self.checkpoint_steps.append(self.step)
+        if self.state.evaluating:  # the evaluations due at that step as it was trained (its final one, or not)
+            # The settings it was trained with: those before the changes made from it on (the earliest's "from").
+            made_here = [change for change in self.state.changes if change["step"] == self.step]
+            trained_with = dataclasses.replace(self.config, **{c["key"]: c["from"] for c in reversed(made_here)})
+            schedule = BatchSchedule.of(trained_with, self.model_config.block_size,
+                                        BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step)
+            self.pending_evaluation = Step(self.step, final=self.step == schedule.lengths(trained_with)[0])
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})" + "".join(
-                f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes))
+                f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes)
+                + (f"; step {self.step}'s pending evaluation runs first" if self.pending_evaluation else ""))
 
     def close(self):
         """Close the parts and the training loader, give the run folder and the signals up, leave the group."""

@@ -19,6 +19,7 @@ from data.shards import write_shard
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.instruments import Probe
+from training.parts import Part
 from training.validation import Validation
 from training.run_config import resolve_config
 
@@ -321,6 +322,53 @@ def test_sigterm_during_the_final_evaluation_leaves_it_pending_and_the_resume_ru
     assert "finished 6 steps" in resumed.stdout
     again = train_here(*run, "--resume")
     assert "already finished its 6 steps: nothing to do" in again.stdout
+
+
+class Sigterm(Part):
+    """SIGTERM to this process, as a scheduler sends it: after step ``after_step_number`` (before its
+    evaluations), and when the loop begins where ``at_start`` (a resume: before its pending evaluation)."""
+    after_step_number, at_start = 6, False
+
+    def __init__(self, run):
+        pass
+
+    def start(self) -> None:
+        if self.at_start:
+            signal.raise_signal(signal.SIGTERM)
+
+    def after_step(self, step) -> None:
+        if step.number == self.after_step_number:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_an_evaluation_a_stop_left_pending_runs_first_on_any_resume_and_is_said(byte_shards, tmp_path, monkeypatch):
+    """SIGTERM before step 6's final zero-shot evaluation: the stop says it is pending; a resume
+    stopped again before it trains nothing; a resume that lengthens the run evaluates step 6 as
+    the final step it was, then trains on."""
+    from eval.samples import write_fixtures
+    write_fixtures(tmp_path / "tasks")
+    run = args(byte_shards, tmp_path, "--max_steps=6", "--batch_size=2", "--micro_batch_size=2", "--log_interval=2",
+               "--zero_shot_tasks=boolq,cb", f"--zero_shot_data_dir={tmp_path / 'tasks'}", "--zero_shot_limit=4",
+               f"--extra_parts={__name__}:Sigterm")
+    stopped = train_here(*run)
+    assert "SIGTERM received, saved step 6, with step 6's evaluation pending (any resume runs it first), exiting" \
+        in stopped.stdout + stopped.stderr
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 6
+    longer = ["--resume", "--max_steps=8", "--allow_changes=max_steps"]
+    monkeypatch.setattr(Sigterm, "at_start", True)
+    again = train_here(*run, *longer)
+    assert "step 6's pending evaluation runs first" in again.stdout
+    assert "saved step 6, with step 6's evaluation pending" in again.stdout + again.stderr
+    saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
+    assert (saved.step, saved.evaluating) == (6, 6)  # nothing trained before it
+    assert not any(key.startswith("zero_shot/") for r in read_metrics(tmp_path / "default") for key in r)
+    monkeypatch.setattr(Sigterm, "at_start", False)
+    train_here(*run, *longer)
+    records = read_metrics(tmp_path / "default")
+    evaluated = {r["step"] for r in records if "zero_shot/boolq/acc" in r}
+    assert evaluated == {6, 8}  # step 6's, the final step of the run it was; then the new final step's
+    assert [r["step"] for r in records if "train/loss" in r] == [2, 4, 6, 8]
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 0
 
 
 def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):
