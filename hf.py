@@ -7,8 +7,9 @@ and a checkpoint exported as an HF model folder.
 
 The exported folder holds config.json (a GPT2LMHeadModel or LlamaForCausalLM with the checkpoint's
 shape, its padded vocabulary included, so logits match), model.safetensors, the tokenizer and
-nanomerit.json (where the weights came from). For data/tokenizer.py's "gpt2" and "byte" the
-tokenizer (tokenizer.json and tokenizer_config.json) is built offline from that encoding; it
+nanomerit.json (where the weights came from: the checkpoint, its step and ``model_sha256``, the hash
+of its weights that python -m eval and scripts/hessian.py record too). For data/tokenizer.py's
+"gpt2" and "byte" the tokenizer (tokenizer.json and tokenizer_config.json) is built offline from that encoding; it
 encodes text exactly as that does, except that the text "<|endoftext|>" becomes the end-of-text
 token, as in HF's GPT-2. A Hugging Face tokenizer (a hub name or folder) is saved as transformers
 saves it. Then, with no network,
@@ -18,7 +19,8 @@ saves it. Then, with no network,
     hf.from_hf(OUT_DIR)                                     # back into model.py, bit for bit
 
 Neither HF class has QK-Norm or logit soft-capping: a model with either is refused (python -m eval
-evaluates its checkpoint). The folder is written under a temporary name beside OUT_DIR, checked
+evaluates its checkpoint; training/run_folder.py's ``hf_export_refusal`` says why, for the run
+guide too). The folder is written under a temporary name beside OUT_DIR, checked
 (its weights are read back and compared with the checkpoint's) and renamed into place
 (atomic.atomic_directory), so a failed export never leaves a complete-looking folder. An existing
 non-empty OUT_DIR is replaced only with force=True, and only if it is an earlier export; OUT_DIR
@@ -38,6 +40,7 @@ from data.tokenizer import BUILT_IN, get_tokenizer
 from model import GPT, HF_CLASSES, GPTConfig
 from training.checkpoint import Checkpoint
 from training.parallel import load_model
+from training.run_folder import hf_export_refusal, model_sha256
 
 # Hugging Face's GPT-2 uses Conv1D (weight stored as in x out) where this file uses nn.Linear
 # (out x in): these weights are transposed between the two; every other tensor is the same.
@@ -56,7 +59,6 @@ LLAMA_NAMES = (
     ("transformer.h.{}.attn.", "model.layers.{}.self_attn."),
     ("transformer.h.{}.mlp.", "model.layers.{}.mlp."),
 )
-FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # each arch's name in errors
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EOT = "<|endoftext|>"
 
@@ -120,7 +122,8 @@ def write_folder(folder: Path, model: GPT, checkpoint: Checkpoint, tokenizer_nam
     write_tokenizer(folder, tokenizer_name, model.config.block_size)
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": tokenizer.eot_token, "eos_token_id": tokenizer.eot_token}, indent=2) + "\n")
-    provenance = {"checkpoint": str(source), "step": checkpoint.step, "tokens": checkpoint.tokens,
+    provenance = {"checkpoint": str(source), "step": checkpoint.step, "model_sha256": model_sha256(model),
+                  "tokens": checkpoint.tokens,
                   "code_version": checkpoint.code_version, "tokenizer": tokenizer_name, "dtype": dtype,
                   "model_args": checkpoint.model_args, "train_config": checkpoint.config}
     (folder / "nanomerit.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
@@ -198,20 +201,12 @@ def to_hf(model: GPT, eos_token_id: int | None = None) -> tuple[dict, dict]:
     """The equivalent Hugging Face model, GPT2LMHeadModel or LlamaForCausalLM as the model's arch:
     (config.json's fields, HF-named CPU tensors). eos_token_id is the bos and eos token of the config."""
     cfg = model.config
-    family, hf_class = FAMILIES[cfg.arch], HF_CLASSES[cfg.arch]
-    evaluate_instead = "evaluate its checkpoint with python -m eval instead"
-    if cfg.qk_norm is not None:
-        raise ValueError(f"a model with qk_norm={cfg.qk_norm!r} has no Hugging Face {family} equivalent ({hf_class} "
-                         f"normalises no q or k): {evaluate_instead}")
-    caps = {name: getattr(cfg, name) for name in ("attn_logit_softcap", "final_logit_softcap")
-            if getattr(cfg, name) is not None}
-    if caps:
-        # (Gemma 2's classes soft-cap both, but add norms and scalings this model lacks: docs/evaluation.md
-        # says which classes hold what.)
-        raise ValueError(f"a model with {', '.join(f'{k}={v!r}' for k, v in caps.items())} has no Hugging Face "
-                         f"{family} equivalent ({hf_class} soft-caps no logits): {evaluate_instead}")
+    refusal = hf_export_refusal(cfg)
+    if refusal:
+        raise ValueError(f"{refusal}: evaluate its checkpoint with python -m eval instead")
     config, state = (gpt2_to_hf if cfg.arch == "gpt2" else llama_to_hf)(model)
-    return {"architectures": [hf_class], **config, "bos_token_id": eos_token_id, "eos_token_id": eos_token_id}, state
+    return ({"architectures": [HF_CLASSES[cfg.arch]], **config, "bos_token_id": eos_token_id,
+             "eos_token_id": eos_token_id}, state)
 
 
 def gpt2_to_hf(model: GPT) -> tuple[dict, dict]:
@@ -399,7 +394,8 @@ def read_folder(folder: Path) -> tuple[dict, dict]:
         return config, safetensors.torch.load_file(folder / "model.safetensors")
     if (folder / "model.safetensors.index.json").is_file():
         shards = set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())
-        return config, {k: v for shard in sorted(shards) for k, v in safetensors.torch.load_file(folder / shard).items()}
+        return config, {key: tensor for shard in sorted(shards)
+                        for key, tensor in safetensors.torch.load_file(folder / shard).items()}
     if (folder / "pytorch_model.bin").is_file():
         return config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"{folder} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")

@@ -11,19 +11,21 @@ evaluation runs, not a benchmark; `python -m eval.samples DIR` writes them into 
 table and writes a JSON file with every metric, its stderr (lm-evaluation-harness's, "N/A" in
 the table and null in the JSON where the harness reports none), n, the task versions, the
 tokenizer, the checkpoint's step and the exact configuration; --log-samples adds every
-example's requests and log-likelihoods.
+example's requests and log-likelihoods. Without --out the file lies beside the model: one per
+checkpoint, results_<step>.json in the checkpoint's folder (its step written as in
+ckpt_<step>.pt), or results.json in the Hugging Face folder (results_samples... with --samples).
 
 An existing results file of the same model (the same checkpoint at the same step, or the same HF
 folder) is merged by task: a task evaluated again replaces its own result, the others stay, and
 each task keeps the configuration it was evaluated with (``task_config``). A results file of
-another model is never replaced unless --overwrite is given. A results file belongs to a model by
-its content (``model_sha256``, a hash of its weights): the same checkpoint named two ways
-(``ckpt.pt`` or the numbered file it points at) is one model. Evaluations writing one file at once
-merge under a lock (on the results file's folder): nothing one of them wrote is lost.
+another model is never replaced unless --overwrite is given: the refusal names that model and an
+--out of this one's own. A results file belongs to a model by its content (``model_sha256``, a
+hash of its weights): the same checkpoint named two ways (``ckpt.pt`` or the numbered file it
+points at) is one model. Evaluations writing one file at once merge under a lock (on the results
+file's folder): nothing one of them wrote is lost.
 """
 import argparse
 import fcntl
-import hashlib
 import json
 import os
 import shlex
@@ -41,6 +43,7 @@ from eval.tasks import tasks_named
 from hf import from_hf
 from model import GPT
 from training.parallel import load_model
+from training.run_folder import model_sha256
 
 
 def load(args) -> tuple[GPT, str, dict]:
@@ -65,17 +68,6 @@ def hf_folder_tokenizer(folder: Path, model: GPT) -> str:
     return "gpt2" if model.config.arch == "gpt2" else str(folder)
 
 
-def model_sha256(model: torch.nn.Module) -> str:
-    """The sha256 of the model's weights (names, dtypes, shapes and bytes): which model a results
-    file holds, however its checkpoint was named."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,14 +80,15 @@ def main(argv=None) -> None:
     data.add_argument("--data-dir", help="local task files <DIR>/<task>.jsonl|.parquet instead of the hub")
     data.add_argument("--samples", action="store_true",
                       help="the sample tasks of eval/samples.py instead of the hub: offline, a handful of examples "
-                           "per task (results in results_samples.json unless --out)")
+                           "per task (results apart from the real ones: results_samples... unless --out)")
     parser.add_argument("--limit", type=int, help="only the first N examples of each task")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, help="results JSON (default: results.json next to --ckpt, or in the "
-                                                  "current folder with --hf)")
+    parser.add_argument("--out", type=Path, help="results JSON (default: beside the model, results_<step>.json "
+                                                  "next to --ckpt, results.json in the --hf folder)")
     parser.add_argument("--log-samples", action="store_true", help="add per-example log-likelihoods to the JSON")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out even if it holds another model's results")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out even if it holds another model's results")
     args = parser.parse_args(argv)
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--batch-size and --limit must be positive")
@@ -106,10 +99,9 @@ def main(argv=None) -> None:
         parser.error(f"--tasks {args.tasks}: {error}")
     try:
         model, tokenizer_name, source_info = load(args)
-        # Sample results are kept apart from a checkpoint's real ones: the two would merge by task.
-        name = "results_samples.json" if args.samples else "results.json"
-        out = args.out or (Path(args.ckpt).with_name(name) if args.ckpt else Path(name))
+        out = args.out or default_out(args, source_info)
         earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation, and at the end
+        check_writable(out)
         data_dir = samples_dir() if args.samples else args.data_dir
     except (OSError, ValueError) as error:  # a missing or foreign checkpoint / HF folder, a results file
         sys.exit(f"eval: {error}")
@@ -133,6 +125,25 @@ def main(argv=None) -> None:
     except ValueError as error:  # another model's results written meanwhile
         sys.exit(f"eval: {error}")
     print(f"wrote {out}")
+
+
+def default_out(args, source_info: dict) -> Path:
+    """Where the results go without --out: beside the model. A checkpoint's in its folder, one file
+    per checkpoint (results_<step>.json, its step as in ckpt_<step>.pt), so two checkpoints of a run
+    keep both; a Hugging Face folder's in it. Sample results are kept apart from the real ones
+    (results_samples...): the two would merge by task."""
+    name = "results_samples" if args.samples else "results"
+    if args.hf:
+        return Path(args.hf) / f"{name}.json"
+    return Path(args.ckpt).parent / f"{name}_{source_info['step']:08d}.json"
+
+
+def check_writable(out: Path) -> None:
+    """An error naming --out if its folder cannot be written (found before the evaluation, not after it)."""
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write the results file {out}: {existing} is not a writable folder; choose "
+                              f"another --out")
 
 
 def write_results(out: Path, record: dict, source_info: dict, overwrite: bool) -> None:
@@ -176,9 +187,11 @@ def earlier_results(out: Path, source_info: dict, overwrite: bool) -> dict:
     identity = ("model_sha256",) if isinstance(earlier, dict) and "model_sha256" in earlier else ("ckpt", "step", "hf")
     if not isinstance(earlier, dict) or "results" not in earlier or any(
             earlier.get(key) != source_info.get(key) for key in identity):
-        held = ", ".join(f"{key} {earlier.get(key)}" for key in identity if isinstance(earlier, dict) and key in earlier)
-        raise ValueError(f"--out {out} holds the results of another model ({held or 'not a results file'}): "
-                         f"choose another --out, or pass --overwrite to replace them")
+        held = ", ".join(f"{key} {earlier.get(key)}" for key in ("ckpt", "hf", "step", "model_sha256")
+                         if isinstance(earlier, dict) and key in earlier)
+        own = out.with_name(f"{out.stem}_{source_info['model_sha256'][:12]}{out.suffix}")
+        raise ValueError(f"--out {out} holds the results of another model ({held or 'not a results file'}): write "
+                         f"this model's with --out {own}, or pass --overwrite to replace them")
     return earlier
 
 

@@ -14,7 +14,9 @@ The top eigenvalue is the largest algebraic one, found by power iteration, which
 Rayleigh quotient changes by less than ``--tol`` relative or after ``--max-iter`` products. The
 trace is Hutchinson's estimate, the mean of z^T H z over ``--samples`` Rademacher vectors z, with
 the standard error of that mean. The results go to a JSON file (default: hessian.json next to the
-checkpoint), and a one-line summary to stdout.
+checkpoint) with the model they are of (the checkpoint, its step and ``model_sha256``, the hash of
+its weights, which scripts/report.py checks against the run's checkpoints), and a one-line
+summary to stdout.
 
 Power iteration is slow when the two eigenvalues largest in magnitude are close (near
 initialisation the spectrum is about symmetric), and its small steps can then pass --tol early,
@@ -37,6 +39,7 @@ import torch
 from atomic import atomic_write
 from study.hessian import batch_loss, hutchinson_trace, top_eigenvalue, validation_batches
 from training.parallel import load_model
+from training.run_folder import model_sha256
 
 
 def _positive(kind):
@@ -101,9 +104,10 @@ def main(argv=None):
     seconds = time.perf_counter() - started
 
     out = args.out or args.checkpoint.parent / "hessian.json"
-    result = {"checkpoint": str(args.checkpoint), "step": checkpoint.step, "top_eigenvalue": eigenvalue,
-              "eigen_iterations": iterations, "eigen_converged": converged, "tol": args.tol,
-              "max_iter": args.max_iter, "trace": trace, "trace_stderr": stderr, "trace_samples": args.samples,
+    result = {"checkpoint": str(args.checkpoint), "step": checkpoint.step, "model_sha256": model_sha256(model),
+              "top_eigenvalue": eigenvalue, "eigen_iterations": iterations, "eigen_converged": converged,
+              "tol": args.tol, "max_iter": args.max_iter, "trace": trace, "trace_stderr": stderr,
+              "trace_samples": args.samples,
               "data_dir": str(data_dir), "split": "val", "batches": args.batches, "batch_size": args.batch_size,
               "block_size": block_size, "parameters": sum(p.numel() for p in params), "seed": args.seed,
               "device": str(device), "seconds": seconds}

@@ -21,7 +21,8 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * steps and tokens to reach ``--target`` (default: the highest of the points' best final losses,
   so that every point has a value), interpolated between evaluations;
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
-* the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present;
+* the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present and
+  of the run folder's checkpoint of its step (study/runs.py; another model's is named on stderr);
 * the critical batch size over training of each run that holds branches (scripts/cbs.py): per
   checkpoint k* and B* by ``--epsilon`` on the ``--ema``-smoothed losses (and by the interval of
   the paired differences with several seeds), beside the run's live B_simple.

@@ -2,7 +2,11 @@
 
 A run folder is what train.py writes (``config.json``, ``metrics.jsonl``; ``hessian.json`` if
 scripts/hessian.py analysed its checkpoint). Runs are found under the given paths (a run folder,
-a sweep folder, any folder above them).
+a sweep folder, any folder above them). A hessian.json is the run's only if the model it records
+(its step and ``model_sha256``) is the run folder's checkpoint of that step: one left by an earlier
+run in the folder, or written after the checkpoint it measured was replaced, is set aside with
+the reason (``Run.set_aside``), and so is one whose checkpoint is gone; an archive of runs holds
+only the ones found to be their run's when it was packed.
 
 A point is everything a run's config says but its learning rate and its seeds: every key except
 those whose role in the schema (``configs.ROLES``) is ``lr`` (``lr``, and ``min_lr``, which moves
@@ -32,7 +36,10 @@ from pathlib import Path
 from atomic import atomic_write
 from configs import TrainConfig, keys_with_role
 from training.batch_schedule import run_lengths
+from training.checkpoint import NUMBERED, numbered
 from training.instruments import is_layer_key
+from training.parallel import load_model
+from training.run_folder import model_sha256
 
 # The keys a point leaves out, by their role in the schema: how a run was run or recorded, and what
 # varies within a point.
@@ -67,7 +74,8 @@ class Run:
     folder: Path
     config: dict
     records: list[dict] = field(repr=False)
-    hessian: dict | None = None
+    hessian: dict | None = None  # its hessian.json, if of one of its checkpoints
+    set_aside: list[str] = field(default_factory=list)  # what its folder holds of another model, and why
 
     @property
     def name(self) -> str:
@@ -349,10 +357,38 @@ def find_runs(paths: list[Path]) -> list[Run]:
     return sorted(runs, key=lambda r: str(r.folder))
 
 
-def _run(folder: Path, files: dict[str, str]) -> Run:
-    hessian = files.get("hessian.json")
-    return Run(folder, json.loads(files["config.json"]), parse_records(files["metrics.jsonl"]),
-               json.loads(hessian) if hessian else None)
+def _run(folder: Path, files: dict[str, str], packed: bool = False) -> Run:
+    """The run of ``folder``'s ``files``; its hessian.json checked against the folder's checkpoints
+    (``packed``: read from an archive, which holds only checked ones)."""
+    run = Run(folder, json.loads(files["config.json"]), parse_records(files["metrics.jsonl"]))
+    if "hessian.json" in files:
+        hessian = json.loads(files["hessian.json"])
+        foreign = None if packed else not_of_the_run(folder, hessian)
+        if foreign:
+            run.set_aside.append(f"{folder / 'hessian.json'}: {foreign}")
+        else:
+            run.hessian = hessian
+    return run
+
+
+def not_of_the_run(folder: Path, artefact: dict) -> str | None:
+    """Why ``artefact`` (a record derived from a checkpoint: its step and ``model_sha256``) is not of
+    one of the run folder's checkpoints, None where it is: the folder's checkpoint of that step has
+    the weights it records (read and hashed here)."""
+    step, sha256 = artefact.get("step"), artefact.get("model_sha256")
+    if sha256 is None:
+        return "it records no model_sha256, so no checkpoint of this run can be told to be its model (measure again)"
+    checkpoint = next((path for path in numbered(folder) if int(NUMBERED.fullmatch(path.name).group(1)) == step), None)
+    if checkpoint is None:
+        return f"the run folder holds no checkpoint of its step {step} to match its model (model_sha256 {sha256[:12]})"
+    try:
+        model, _ = load_model(checkpoint)
+    except (OSError, ValueError) as error:
+        return f"its checkpoint {checkpoint.name} cannot be read ({error})"
+    if model_sha256(model) != sha256:
+        return (f"its model (step {step}, model_sha256 {sha256[:12]}) is not this run's checkpoint of that step, "
+                f"{checkpoint.name}: another model's")
+    return None
 
 
 def _archived_runs(archive: Path, folders: tuple[str, ...] | None = None) -> list[Run]:
@@ -367,7 +403,7 @@ def _archived_runs(archive: Path, folders: tuple[str, ...] | None = None) -> lis
                 beside = json.loads(tar.extractfile(member).read())
             elif member.isfile() and name in RUN_FILES and (folders is None or folder.split("/")[0] in folders):
                 files.setdefault(folder, {})[name] = tar.extractfile(member).read().decode()
-    runs = [_run(archive / folder, found) for folder, found in sorted(files.items())
+    runs = [_run(archive / folder, found, packed=True) for folder, found in sorted(files.items())
             if {"config.json", "metrics.jsonl"} <= found.keys()]
     if beside:
         other = archive.parent / beside["archive"]
@@ -380,7 +416,8 @@ def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str
               beside: tuple[Path, tuple[str, ...]] | None = None) -> None:
     """Pack what the study reads of ``runs`` (each folder's RUN_FILES, as found under ``root``)
     into the xz-compressed tar ``archive``, byte for byte the same for the same runs (sorted
-    members, no times or owners): ``find_runs([archive])`` reads them back. ``branch_keys``: a
+    members, no times or owners; a hessian.json only where it is its run's): ``find_runs([archive])``
+    reads them back. ``branch_keys``: a
     branch's metrics cut to these keys (its records with a step). ``beside``: (another archive, top
     folders): the runs under those folders are not packed but read from that archive, where they
     are (a BESIDE member names it, relative to this one), so no record is committed twice."""
@@ -397,7 +434,7 @@ def pack_runs(runs: list[Run], root: Path, archive: Path, branch_keys: tuple[str
         for run in sorted(runs, key=lambda r: str(r.folder)):
             for name in RUN_FILES:
                 path = run.folder / name
-                if path.is_file():
+                if path.is_file() and not (name == "hessian.json" and run.hessian is None):
                     data = path.read_bytes()
                     if name == "metrics.jsonl" and branch_keys and is_branch(run):
                         data = "".join(json.dumps({k: v for k, v in record.items() if k in branch_keys}) + "\n"
@@ -430,8 +467,13 @@ def branch_runs(paths: list[Path]) -> list[Run]:
 def study_runs(args: argparse.Namespace, tool: str) -> list[Run]:
     """The runs at or under ``args.paths`` that logged ``--select-on``; the CLI ``tool`` exits if none did.
     A run whose settings changed on resume (its config's ``changes``) is no point's: left out, with
-    a note; so is a branch of a run (its critical-batch measurement: study/cbs.py)."""
+    a note; so is a branch of a run (its critical-batch measurement: study/cbs.py). What a run's
+    folder holds of another model (``Run.set_aside``) is named in a note."""
     runs = [r for r in find_runs(args.paths) if r.final(args.select_on) is not None and not is_branch(r)]
+    set_aside = [note for r in runs for note in r.set_aside]
+    if set_aside:
+        print(f"{tool}: not shown as their runs' (another model's, or not known to be the run's): "
+              + "; ".join(set_aside), file=sys.stderr)
     changed = [r for r in runs if r.config.get("changes")]
     if changed:
         print(f"{tool}: left out {len(changed)} run(s) whose settings changed on resume, so no study point "

@@ -16,6 +16,7 @@ import torch
 
 import eval.__main__ as cli
 from data.tokenizer import get_tokenizer
+from hf import export
 from eval import evaluate, format_table, samples
 from eval.scorer import Scorer
 from eval.tasks import DATASETS_OFFLINE_FLAGS, TASKS, datasets_offline, tasks_named
@@ -115,11 +116,33 @@ def timeless(results: dict) -> dict:
 
 
 def test_samples_results_go_apart_from_the_checkpoints_results(tiny_ckpt, tmp_path, datasets_home, capsys):
-    """Without --out, --samples writes results_samples.json beside the checkpoint: sample numbers
-    never merge into the real results.json."""
+    """Without --out, --samples writes results_samples_<step>.json beside the checkpoint: sample
+    numbers never merge into the real results_<step>.json."""
     ckpt = tmp_path / "run" / "ckpt.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(tiny_ckpt.read_bytes())
     cli.main(["--ckpt", str(ckpt), "--tasks", "copa", "--samples"])
-    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["ckpt.pt", "results_samples.json"]
-    assert "wrote " + str(ckpt.parent / "results_samples.json") in capsys.readouterr().out
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["ckpt.pt", "results_samples_00000000.json"]
+    assert "wrote " + str(ckpt.parent / "results_samples_00000000.json") in capsys.readouterr().out
+
+
+def test_a_hugging_face_folders_results_go_beside_its_model(tiny_ckpt, tmp_path, datasets_home, monkeypatch, capsys):
+    """``--hf FOLDER`` without --out writes into FOLDER, wherever the command runs from."""
+    folder = export(tiny_ckpt, tmp_path / "hf")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cli.main(["--hf", str(folder), "--tasks", "copa", "--samples"])
+    assert "wrote " + str(folder / "results_samples.json") in capsys.readouterr().out
+    assert list(elsewhere.iterdir()) == []
+    assert json.loads((folder / "results_samples.json").read_text())["hf"] == str(folder)
+
+
+def test_a_results_file_that_cannot_be_written_is_refused_before_evaluating(tiny_ckpt, tmp_path):
+    """(A path under a file: a folder without write permission is refused alike, but not to root.)"""
+    note = tmp_path / "notes.txt"
+    note.write_text("a file")
+    with pytest.raises(SystemExit, match=re.escape(f"cannot write the results file {note / 'r.json'}: {note} is not a "
+                                                   f"writable folder; choose another --out")):
+        cli.main(["--ckpt", str(tiny_ckpt), "--tasks", "copa", "--data-dir", str(tmp_path / "no tasks"),
+                  "--out", str(note / "r.json")])  # (its tasks' files are missing: refused before they are read)

@@ -18,9 +18,10 @@ from data.shards import list_shards, open_shard
 from helpers import ROOT, train_here
 from study import hessian
 from training.parallel import load_model
+from training.run_folder import model_sha256
 
 F64 = torch.float64
-FIELDS = {"checkpoint", "step", "top_eigenvalue", "eigen_iterations", "eigen_converged", "tol", "trace",
+FIELDS = {"checkpoint", "step", "model_sha256", "top_eigenvalue", "eigen_iterations", "eigen_converged", "tol", "trace",
           "trace_stderr", "trace_samples", "batches", "batch_size", "block_size", "seed", "seconds"}
 
 
@@ -206,10 +207,11 @@ def test_cli_matches_the_dense_hessian(checkpoint_file, byte_shards):
     assert FIELDS <= out.keys()
     assert (out["checkpoint"], out["step"], out["batches"], out["batch_size"], out["block_size"]) == (
         str(checkpoint_file), 30, 2, 2, 8)
+    model, _ = load_model(checkpoint_file)
+    assert out["model_sha256"] == model_sha256(model)  # the model it measured (scripts.report checks it)
     assert (out["tol"], out["trace_samples"], out["seed"]) == (1e-7, 50, 3)
     assert all(math.isfinite(out[key]) for key in ("top_eigenvalue", "trace", "trace_stderr", "seconds"))
 
-    model, _ = load_model(checkpoint_file)
     H = dense_hessian(model, first_val_batches(byte_shards, 2, 2, 8))
     assert out["eigen_converged"] and 2 <= out["eigen_iterations"] <= 1000
     assert out["top_eigenvalue"] == pytest.approx(torch.linalg.eigvalsh((H + H.T) / 2).max().item(), rel=1e-3)

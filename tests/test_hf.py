@@ -1,6 +1,7 @@
 """Hugging Face interop: hf.py (to_hf, from_hf, export), scripts/export_hf.py and training/parallel.py's
 load_model, checked against transformers' own GPT2LMHeadModel and tokenizer (CPU, offline, tiny models)."""
 
+import hashlib
 import json
 import random
 import re
@@ -118,6 +119,19 @@ def test_export_then_from_hf_is_exact(tmp_path, bias):
         assert back.lm_head.weight is back.transformer.wte.weight
         x = tokens(model)
         assert torch.equal(back(x)[0], model(x)[0])
+
+
+def test_an_export_records_the_model_it_came_from(tmp_path):
+    """nanomerit.json names the checkpoint, its step and model_sha256: the sha256 of the weights'
+    names, dtypes, shapes and bytes, in name order (computed here from that description)."""
+    model = random_model(n_layer=1)
+    out = interop.export(save_checkpoint(model, tmp_path / "ckpt.pt"), tmp_path / "hf")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode() + tensor.contiguous().numpy().tobytes())
+    provenance = json.loads((out / "nanomerit.json").read_text())
+    assert (provenance["checkpoint"], provenance["step"]) == (str(tmp_path / "ckpt.pt"), 7)
+    assert provenance["model_sha256"] == digest.hexdigest()
 
 
 def test_to_hf_names_shapes_and_zero_biases():

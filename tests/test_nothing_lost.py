@@ -20,6 +20,7 @@ import eval.__main__ as eval_cli
 from eval.samples import write_fixtures
 from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
 from hf import export
+from model import GPT, GPTConfig
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.run_folder import LOCK_NAME, STALE_SECONDS
 
@@ -77,7 +78,10 @@ def test_a_second_evaluation_keeps_the_first_ones_tasks(finished_run, tmp_path, 
     other = json.loads(out.read_text())
     other["model_sha256"] = "0" * 64
     out.write_text(json.dumps(other))
-    with pytest.raises(SystemExit, match=r"holds the results of another model \(model_sha256 0{64}\).*--overwrite"):
+    own = out.with_name(f"results_{first['model_sha256'][:12]}.json")
+    with pytest.raises(SystemExit, match=re.escape(
+            f"holds the results of another model (ckpt {ckpt.resolve()}, step 4, model_sha256 {'0' * 64}): write this "
+            f"model's with --out {own}, or pass --overwrite")):
         evaluate(ckpt, out, "boolq", tasks)
     assert json.loads(out.read_text())["model_sha256"] == "0" * 64
     replaced = evaluate(ckpt, out, "boolq", tasks, "--overwrite")
@@ -99,15 +103,38 @@ def test_two_evaluations_into_one_file_at_once_keep_both(finished_run, tmp_path)
     assert set(json.loads(out.read_text())["results"]) == {"boolq", "cb"}
 
 
-def test_a_run_started_over_removes_the_earlier_models_results(finished_run, byte_shards, tmp_path):
+def test_a_run_started_over_removes_what_was_derived_from_the_earlier_model(finished_run, byte_shards, tmp_path):
+    """The results, the Hessian and the Hugging Face export the guide names (RUN/hf) are the
+    earlier model's: --overwrite removes them with its checkpoints."""
     run = tmp_path / "run"
     shutil.copytree(finished_run / "run", run, symlinks=True)
-    evaluate(run / "ckpt.pt", run / "results.json", "boolq", finished_run / "tasks")
+    tasks = finished_run / "tasks"
+    eval_cli.main(["--ckpt", str(run / "ckpt.pt"), "--tasks", "boolq", "--data-dir", str(tasks), "--limit", "4"])
+    (run / "hessian.json").write_text(json.dumps({"step": 4, "top_eigenvalue": -7.29, "trace": 99.4}))
+    export(run / "ckpt.pt", run / "hf")
+    derived = ["hessian.json", "hf", "results_00000004.json"]
+    assert set(derived) <= {p.name for p in run.iterdir()}
     train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", "--overwrite",
                "--lr=0.05")
-    assert not (run / "results.json").exists()  # of the model --overwrite replaced
-    evaluate(run / "ckpt.pt", run / "results.json", "cb", finished_run / "tasks")
+    assert not set(derived) & {p.name for p in run.iterdir()}  # of the model --overwrite replaced
+    evaluate(run / "ckpt.pt", run / "results.json", "cb", tasks)
     assert set(json.loads((run / "results.json").read_text())["results"]) == {"cb"}
+
+
+def test_two_checkpoints_of_a_run_keep_their_results_apart_by_default(finished_run, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for step, seed in ((2, 0), (4, 1)):  # two checkpoints of one run: two models
+        torch.manual_seed(seed)
+        Checkpoint.of_model(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=32, vocab_size=320)), "byte",
+                            step=step).save(run / f"ckpt_{step:08d}.pt")
+    (run / CHECKPOINT_NAME).symlink_to("ckpt_00000004.pt")
+    for checkpoint in (run / "ckpt_00000002.pt", run / CHECKPOINT_NAME):
+        eval_cli.main(["--ckpt", str(checkpoint), "--tasks", "boolq", "--data-dir", str(finished_run / "tasks"),
+                       "--limit", "4"])
+    kept = {step: json.loads((run / f"results_{step:08d}.json").read_text()) for step in (2, 4)}
+    assert {step: record["step"] for step, record in kept.items()} == {2: 2, 4: 4}
+    assert kept[2]["model_sha256"] != kept[4]["model_sha256"] and all(r["results"]["boolq"] for r in kept.values())
 
 
 def test_an_export_never_replaces_its_run_folder_or_a_folder_that_is_not_an_export(finished_run, tmp_path):
@@ -153,6 +180,22 @@ def test_a_live_holders_lock_refuses_and_a_dead_ones_is_taken_over(finished_run,
     assert "took over the lock of a run that is gone (host node-17, pid 4242" in taken.stdout
     assert not (run / LOCK_NAME).exists()  # released at the end
     assert Checkpoint.load(run / CHECKPOINT_NAME).step == 6
+
+
+def test_a_resume_or_restart_of_a_folder_in_use_names_the_live_run(byte_shards, tmp_path):
+    """A run stopped before its first checkpoint (Ctrl-Z) holds its folder: --resume is refused
+    naming it, as a plain start is, not for want of a checkpoint."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"run_info": {"optim_backend": "auto"}}\n')
+    plant_lock(run, "node-17", 4242, age=10)  # alive: its heartbeat 10 s ago
+    before = folder_bytes(run)
+    for how in ("--resume", "--overwrite", "--resume=auto"):
+        refused = train_here(*RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--run_name=run", how,
+                             check=False)
+        assert refused.returncode != 0 and "in use by another run: host node-17, pid 4242" in refused.stderr, how
+        assert "no checkpoint" not in refused.stderr
+    assert folder_bytes(run) == before
 
 
 def lock_holder(run) -> int | None:

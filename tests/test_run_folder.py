@@ -2,6 +2,7 @@
 --overwrite, a finished run resumed is a no-op, and a resumed run's log reads as one run."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import hf
+from configs import TrainConfig
 from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
+from model import GPT
+from training import run_folder
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 # Dropout on: a resumed run must restore the RNG to equal the uninterrupted one.
@@ -216,3 +221,38 @@ def test_a_dangling_latest_link_and_an_empty_data_folder_say_what_to_do(byte_sha
         refused = train(empty, tmp_path, "--max_steps=4", "--run_name=other", f"--tokenizer={tokenizer}", check=False)
         assert f"no 'train' shards in data dir {empty}; prepare it with `python -m data.prepare shakespeare " \
                f"--tokenizer {tokenizer} --out {empty}`" in refused.stderr, refused.stderr
+
+
+def test_the_guide_says_that_any_resume_runs_a_pending_evaluation_first(tmp_path):
+    """A stop during the final evaluation: the guide says it is pending, and both the resume that
+    finishes it and the one that trains on say that it runs first."""
+    config, argv = TrainConfig(model="nano", max_steps=6), ["configs/default.py", "--max_steps=6", "--resume"]
+    lines = run_folder.guide(tmp_path, 6, 6, config, ["python"], argv, evaluating=6).splitlines()
+    assert (f"  checkpoint  {tmp_path / CHECKPOINT_NAME} (step 6 of 6; step 6's evaluation, which a stop interrupted, "
+            f"is pending)") in lines
+    assert "resume    python train.py configs/default.py --max_steps=6 --resume  (runs step 6's pending evaluation " \
+           "first)" in lines
+    assert ("train on  python train.py configs/default.py --resume --max_steps=12 --allow_changes=max_steps  (any "
+            "longer run; the lr schedule follows the new length; step 6's pending evaluation runs first)") in lines
+    finished = run_folder.guide(tmp_path, 6, 6, config, ["python"], argv)  # nothing pending: trains on only
+    assert "pending" not in finished and not any(line.startswith("resume") for line in finished.splitlines())
+    stopped = run_folder.guide(tmp_path, 4, 6, config, ["python"], argv, evaluating=4).splitlines()
+    assert "resume    python train.py configs/default.py --max_steps=6 --resume  (runs step 4's pending evaluation " \
+           "first)" in stopped
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"qk_norm": "rmsnorm"}, "a model with qk_norm='rmsnorm' has no Hugging Face GPT-2 equivalent (GPT2LMHeadModel "
+                             "normalises no q or k)"),
+    ({"arch": "llama", "attn_logit_softcap": 50.0, "final_logit_softcap": 30.0},
+     "a model with attn_logit_softcap=50.0, final_logit_softcap=30.0 has no Hugging Face Llama equivalent "
+     "(LlamaForCausalLM soft-caps no logits)"),
+])
+def test_the_guide_prints_no_export_command_the_export_refuses_but_why(tmp_path, options, reason):
+    config = TrainConfig(model="nano", max_steps=2, **options)
+    export_line = run_folder.guide(tmp_path, 2, 2, config, ["python"], []).splitlines()[-1]
+    assert export_line == f"export    none to Hugging Face: {reason}; python -m eval evaluates it (above)"
+    # The export refuses that model, for that reason.
+    Checkpoint.of_model(GPT(config.model_config(n_vocab=257)), "byte", step=2).save(tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(ValueError, match=re.escape(f"{reason}: evaluate its checkpoint with python -m eval")):
+        hf.export(tmp_path / CHECKPOINT_NAME, tmp_path / "hf")

@@ -1,21 +1,27 @@
 """study/report.py and study/plot.py (and their CLIs scripts/report.py, scripts/plot.py) on run
 folders with known values, their tables checked against values computed here by hand; on real
 runs in tests/test_mini_study.py."""
+import argparse
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from helpers import ROOT
+from model import GPT, GPTConfig
 from study import plot
 from study.report import first_table, report
-from study.runs import Study, find_runs
+from study.runs import Study, find_runs, pack_runs, study_runs
+from training.checkpoint import Checkpoint
+from training.run_folder import model_sha256
 
 BLOCK = 8
 # (optimizer, batch, lr, seed) -> the final validation loss; the curve falls linearly to it.
@@ -69,9 +75,17 @@ def study(tmp_path):
     write_run(tmp_path / "sweep" / "maxlamb_b4", "merit", 4, 1e-2, 0, 1.9, options={"maxlamb": True})
     # A point whose run stopped at step 20 (diverged): a better loss so far, yet never the best lr.
     write_run(tmp_path / "sweep" / "adamw_b4_lr0.01_s0", "adamw", 4, 1e-2, 0, 0.5, diverged_at=20)
-    (tmp_path / "sweep" / "merit_b16_lr0.01_s0" / "hessian.json").write_text(
-        json.dumps({"top_eigenvalue": 12.5, "trace": 3400.0}))
+    write_checkpoint_and_hessian(tmp_path / "sweep" / "merit_b16_lr0.01_s0", 12.5, 3400.0)
     return tmp_path / "sweep"
+
+
+def write_checkpoint_and_hessian(folder, top_eigenvalue, trace, seed=0):
+    """The run's final checkpoint (a tiny model of its own) and a hessian.json of that model."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=BLOCK, vocab_size=320))
+    Checkpoint.of_model(model, "byte", step=STEPS[-1]).save(folder / f"ckpt_{STEPS[-1]:08d}.pt")
+    (folder / "hessian.json").write_text(json.dumps({"step": STEPS[-1], "model_sha256": model_sha256(model),
+                                                     "top_eigenvalue": top_eigenvalue, "trace": trace}))
 
 
 def cli(name: str, *args) -> subprocess.CompletedProcess:
@@ -216,7 +230,6 @@ def test_no_runs_is_a_clear_error(tmp_path):
 
 
 def test_an_archive_of_the_runs_gives_the_same_report(study, tmp_path):
-    from study.runs import pack_runs
     runs = find_runs([study])
     archive = tmp_path / "runs.tar.xz"
     pack_runs(runs, study, archive)
@@ -227,6 +240,35 @@ def test_an_archive_of_the_runs_gives_the_same_report(study, tmp_path):
     first = archive.read_bytes()
     pack_runs(runs, study, archive)
     assert archive.read_bytes() == first  # the same runs, the same bytes
+
+
+def test_a_hessian_of_another_model_is_not_the_runs_and_a_note_says_so(study, tmp_path, capsys):
+    """The run's folder got another checkpoint at the Hessian's step (the run started over, its
+    hessian.json left by the earlier model): neither the report nor an archive shows it as the
+    run's, and the CLIs name it, as they do a hessian.json that records no model, or whose
+    checkpoint is gone."""
+    folder = study / "merit_b16_lr0.01_s0"
+    assert "## Hessian\n\n| point | batch | top eigenvalue | trace |" in report(find_runs([study]), target=None)
+    earlier = json.loads((folder / "hessian.json").read_text())["model_sha256"]
+    torch.manual_seed(2)  # the new model at step 40
+    Checkpoint.of_model(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=BLOCK, vocab_size=320)), "byte",
+                        step=STEPS[-1]).save(folder / "ckpt_00000040.pt")
+    (study / "adamw_b16_lr0.003_s0" / "hessian.json").write_text(json.dumps({"step": 40, "top_eigenvalue": 1.0}))
+    (study / "adamw_b4_lr0.003_s0" / "hessian.json").write_text(json.dumps(
+        {"step": 30, "model_sha256": "ab" * 32, "top_eigenvalue": 1.0}))
+    runs = study_runs(argparse.Namespace(paths=[study], select_on="val/loss"), "report")
+    note = capsys.readouterr().err
+    assert note.startswith("report: not shown as their runs' (another model's, or not known to be the run's): ")
+    assert (f"{folder / 'hessian.json'}: its model (step 40, model_sha256 {earlier[:12]}) is not this run's "
+            f"checkpoint of that step, ckpt_00000040.pt: another model's") in note
+    assert (f"{study / 'adamw_b16_lr0.003_s0' / 'hessian.json'}: it records no model_sha256, so no checkpoint of "
+            f"this run can be told to be its model (measure again)") in note
+    assert (f"{study / 'adamw_b4_lr0.003_s0' / 'hessian.json'}: the run folder holds no checkpoint of its step 30 to "
+            f"match its model (model_sha256 {'ab' * 6})") in note
+    assert not any(r.hessian for r in runs) and "## Hessian" not in report(runs, target=None)
+    pack_runs(runs, study, tmp_path / "runs.tar.xz")
+    with tarfile.open(tmp_path / "runs.tar.xz") as tar:
+        assert not any(name.endswith("hessian.json") for name in tar.getnames())
 
 
 def _loss_table_means(text: str, label: str) -> list[float]:

@@ -16,10 +16,18 @@ taken over, and said so: on this host when its process is dead (its pid gone, or
 process that started later), whatever the heartbeat's age, so a run stopped for a while (Ctrl-Z,
 SLURM's suspend) keeps its folder; from another host when its heartbeat stopped (kill -9, a lost
 node). A run whose lock was taken over all the same (another host's run, after a long stop)
-stops before its next write, checkpoint or metrics, and says why (``RunLock.check``).
+stops before its next write, checkpoint or metrics, and says why (``RunLock.check``). A live
+holder is named before anything else is decided: a resume or a start-over of a folder in use is
+refused as a plain start is.
+
+What is derived from a checkpoint and written beside it (``DERIVED_FILES``: python -m eval's
+results, scripts/hessian.py's hessian.json, the Hugging Face export the guide names) records the
+model it came from, ``model_sha256`` (a hash of its weights) and its step, and is the run's: a run
+started over removes it with its own files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -31,16 +39,22 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 from configs import TrainConfig
-from model import HF_CLASSES
+from model import HF_CLASSES, GPTConfig
 from training import distributed
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
 from training.distributed import Distributed
 
 # What a run writes into its folder (wandb/ holds offline wandb runs, which are kept).
 RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
-# What python -m eval writes beside a checkpoint: the run's too, so a run started over removes them.
-EVALUATION_FILES = ("results.json", "results_samples.json")
+# What is derived from a checkpoint and written into the run folder by default (glob patterns): python -m
+# eval's results (one file per checkpoint), the Hessian and the Hugging Face export the guide names.
+# The run's too, so a run started over removes them.
+DERIVED_FILES = ("results*.json", "hessian.json", "hf")
+# Each arch's family, as hf_export_refusal names it.
+FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}
 LOCK_NAME = ".lock"
 HEARTBEAT_SECONDS = 30.0  # how often the holder renews the lock's modification time
 STALE_SECONDS = 300.0  # a lock not renewed for this long is a dead holder's (a lost node's)
@@ -48,11 +62,15 @@ STALE_SECONDS = 300.0  # a lock not renewed for this long is a dead holder's (a 
 
 def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, list[str]]:
     """Check the run folder, changing nothing: (whether the run resumes, the files of an earlier
-    run that ``prepare`` removes before this one writes: on --overwrite, or on --resume=auto after
-    a run that never checkpointed)."""
+    run and what was derived from its checkpoints, which ``prepare`` removes before this one
+    writes: on --overwrite, or on --resume=auto after a run that never checkpointed). A folder a
+    live run holds is refused first, naming the holder, whatever is asked."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"the run folder {run_dir} is a file: choose another out_dir or run_name")
+    in_use = RunLock(run_dir).in_use()
+    if in_use:  # (what it holds is being written: neither resumed nor started over)
+        raise RunFolderLocked(in_use)
     for name in RUN_FILES[1:]:  # (ckpt.pt is a link the run makes itself)
         if (run_dir / name).is_symlink():
             raise FileExistsError(f"{run_dir / name} is a symbolic link (to {os.readlink(run_dir / name)}): a run's "
@@ -78,7 +96,7 @@ def claim(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, lis
         raise FileExistsError(f"the run folder {run_dir} already holds a run ({', '.join(held)}): continue it with "
                               f"--resume (or --resume=auto), start it over with --overwrite, or choose another "
                               f"run_name")
-    held += [name for name in EVALUATION_FILES if held and (run_dir / name).exists()]  # (of the earlier model)
+    held += derived_files(run_dir) if held else []  # (of the earlier model)
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     if not existing.is_dir():
         raise NotADirectoryError(f"cannot make the run folder {run_dir}: {existing} is a file; choose another out_dir")
@@ -120,6 +138,39 @@ def last_logged_step(log: Path) -> int:
     return max(steps)
 
 
+def derived_files(run_dir: Path) -> list[str]:
+    """The names of what in ``run_dir`` was derived from a checkpoint (``DERIVED_FILES``), sorted."""
+    return sorted({path.name for pattern in DERIVED_FILES for path in Path(run_dir).glob(pattern)})
+
+
+def model_sha256(model: torch.nn.Module) -> str:
+    """The sha256 of the model's weights (names, dtypes, shapes and bytes): the model an artefact
+    derived from a checkpoint came from, however the checkpoint was named."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def hf_export_refusal(model_config: GPTConfig) -> str | None:
+    """Why no Hugging Face class computes a model of ``model_config`` (None where its family's class,
+    HF_CLASSES, does): what hf.py's export refuses, and what the run guide prints instead of it."""
+    family, hf_class = FAMILIES[model_config.arch], HF_CLASSES[model_config.arch]
+    if model_config.qk_norm is not None:
+        return (f"a model with qk_norm={model_config.qk_norm!r} has no Hugging Face {family} equivalent ({hf_class} "
+                f"normalises no q or k)")
+    caps = {name: getattr(model_config, name) for name in ("attn_logit_softcap", "final_logit_softcap")
+            if getattr(model_config, name) is not None}
+    if caps:
+        # (Gemma 2's classes soft-cap both, but add norms and scalings this model lacks: docs/evaluation.md
+        # says which classes hold what.)
+        return (f"a model with {', '.join(f'{k}={v!r}' for k, v in caps.items())} has no Hugging Face {family} "
+                f"equivalent ({hf_class} soft-caps no logits)")
+    return None
+
+
 def prepare(run_dir: Path, stale: list[str]) -> None:
     """Make the run folder and remove ``stale`` (from ``claim``): the main rank, before writing."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,32 +196,36 @@ def fingerprint(run_dir: Path) -> list[tuple]:
 
 
 def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launcher: list[str],
-          argv: list[str]) -> str:
+          argv: list[str], evaluating: int = 0) -> str:
     """Where a run's files are and the commands that evaluate, continue and export it (printed at
     the end of an invocation). ``launcher`` and ``argv``: how train.py was started and its
     arguments, so the resume command is the user's own; a finished run continues only with a
-    longer schedule."""
+    longer schedule. ``evaluating``: the step whose evaluation a stop left pending (0: none), which
+    any resume runs first. A model no Hugging Face class computes gets no export command, but why."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
-    dropped = ("--resume", "--overwrite", "--stop_at_step", "--allow_changes",
-               *([length] if step == total_steps else []))
+    dropped = ("--resume", "--overwrite", "--stop_at_step", "--allow_changes")
     resume = [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
-    if step < total_steps:
-        resume_line = f"resume    {shlex.join(resume)}"
-    else:  # twice the length, as an example: any longer schedule continues it, a change said as one
-        longer = [f"{length}={2 * (config.max_steps or config.max_tokens)}", f"--allow_changes={length[2:]}"]
-        resume_line = (f"train on  {shlex.join([*resume, *longer])}  (any longer run; the lr schedule follows "
-                       f"the new length)")
-    hf_class = HF_CLASSES[config.model_config(n_vocab=1).arch]  # (the model's family; its vocabulary aside)
-    return "\n".join([f"run folder {run_dir}:",
-                      f"  checkpoint  {checkpoint} (step {step} of {total_steps})",
-                      f"  metrics     {run_dir / 'metrics.jsonl'}",
-                      f"  config      {run_dir / 'config.json'}",
-                      f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: "
-                      f"add --samples)",
-                      resume_line,
-                      f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
-                      f"{hf_class} folder)"])
+    pending = f"step {evaluating}'s pending evaluation" if evaluating else ""
+    lines = [f"run folder {run_dir}:",
+             f"  checkpoint  {checkpoint} (step {step} of {total_steps}"
+             + (f"; step {evaluating}'s evaluation, which a stop interrupted, is pending)" if evaluating else ")"),
+             f"  metrics     {run_dir / 'metrics.jsonl'}",
+             f"  config      {run_dir / 'config.json'}",
+             f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: add --samples)"]
+    if step < total_steps or evaluating:
+        lines.append(f"resume    {shlex.join(resume)}" + (f"  (runs {pending} first)" if evaluating else ""))
+    if step == total_steps:  # twice the length, as an example: any longer schedule continues it, a change said as one
+        longer = [*(arg for arg in resume if arg.split("=")[0] != length),
+                  f"{length}={2 * (config.max_steps or config.max_tokens)}", f"--allow_changes={length[2:]}"]
+        lines.append(f"train on  {shlex.join(longer)}  (any longer run; the lr schedule follows the new "
+                     f"length" + (f"; {pending} runs first)" if evaluating else ")"))
+    model_config = config.model_config(n_vocab=1)  # (the model's family and options; its vocabulary aside)
+    refusal = hf_export_refusal(model_config)
+    lines.append(f"export    none to Hugging Face: {refusal}; python -m eval evaluates it (above)" if refusal else
+                 f"export    python -m scripts.export_hf {checkpoint} {run_dir / 'hf'}  (a Hugging Face "
+                 f"{HF_CLASSES[model_config.arch]} folder)")
+    return "\n".join(lines)
 
 
 def lock(run_dir: Path, seen: list, ctx: Distributed) -> RunLock:
@@ -227,11 +282,7 @@ class RunLock:
             except FileExistsError:
                 holder, age = self._holder()
                 if not _is_stale(holder, age):
-                    raise RunFolderLocked(
-                        f"the run folder {self.path.parent} is in use by another run: {_describe(holder, age)}. "
-                        f"Wait for it to end, or choose another run_name (a lock whose holder died is taken "
-                        f"over by itself: at once on the same host, after {STALE_SECONDS:.0f} s elsewhere)"
-                    ) from None
+                    raise RunFolderLocked(_in_use(self.path.parent, holder, age)) from None
                 took_over = f"took over the lock of a run that is gone ({_describe(holder, age)})"
                 stale = self.path.with_name(f"{LOCK_NAME}.stale.{self.token}")
                 try:
@@ -249,6 +300,14 @@ class RunLock:
             return took_over
         raise RunFolderLocked(f"the run folder {self.path.parent}: its lock {self.path} keeps changing hands; "
                               f"is another run starting there? choose another run_name")
+
+    def in_use(self) -> str | None:
+        """Why the folder is in use, naming the live run that holds its lock; None where no live run
+        holds it (no lock, or a dead holder's, which ``acquire`` takes over)."""
+        if not self.path.exists():
+            return None
+        holder, age = self._holder()
+        return None if _is_stale(holder, age) else _in_use(self.path.parent, holder, age)
 
     def check(self) -> None:
         """Before a write: raise RunFolderLocked if this run's lock was taken over (by a run on
@@ -318,6 +377,12 @@ def _process_start(pid: int) -> int | None:
             return int(f.read().rpartition(")")[2].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _in_use(run_dir: Path, holder: dict, age: float) -> str:
+    return (f"the run folder {run_dir} is in use by another run: {_describe(holder, age)}. Wait for it to end, or "
+            f"choose another run_name (a lock whose holder died is taken over by itself: at once on the same host, "
+            f"after {STALE_SECONDS:.0f} s elsewhere)")
 
 
 def _describe(holder: dict, age: float) -> str:
