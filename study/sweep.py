@@ -179,7 +179,8 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
             schedule.lengths(config)
             schedule.check_divisible(config.micro_batch_size, world_size)
         except ConfigError as error:
-            where = f"--grid point {', '.join(f'{k}={v!r}' for k, v in chosen.items())}" if chosen else "the base"
+            where = (f"--grid point {', '.join(f'{k}={v!r}' for k, v in chosen.items())}" if chosen
+                     else f"the base config {base}")
             raise ConfigError(f"{where}: {error}") from error
         points.append(Point(name, config, chosen, out / name))
     names = [p.name for p in points]

@@ -225,6 +225,8 @@ def test_grid_values_go_through_the_schema_when_the_plan_is_made(tmp_path, byte_
     with pytest.raises(ConfigError, match=r"^--grid point batch_size=4: batch_size=4 is not divisible by "
                                           r"micro_batch_size=4 x world_size=2 = 8"):
         plan(base, {"batch_size": [8, 4]}, [], tmp_path / "sweep", "none", "none", None, world_size=2)
+    with pytest.raises(ConfigError, match=rf"^the base config {base}: batch_size=6 is not divisible"):
+        plan(base, {}, ["--batch_size=6"], tmp_path / "sweep", "none", "none", None)  # no --grid: one point
     # An lr below the base's min_lr (0.001) plans: min_lr follows it at the base's ratio, 1/10.
     [point] = plan(base, {"lr": [5e-4]}, [], tmp_path / "sweep", "none", "none", None)
     assert (point.config.lr, point.config.min_lr) == (5e-4, pytest.approx(5e-5, rel=1e-12))
