@@ -21,7 +21,9 @@ them, train its first --train-files train files (see C4_TRAIN_FILES). Tiny Shake
 document, is split as nanoGPT splits it: the last --val-fraction (default 0.1) of its tokens.
 
 An output folder with a complete manifest made with the same settings is left as it is (so
-scripts can always call this), unless --force is given.
+scripts can always call this), unless --force is given. Everything is checked before the folder is
+made: the tokenizer is loaded, and a corpus or tokenizer from the Hugging Face hub is refused at once
+where the hub cannot be reached, naming the local alternatives.
 """
 import argparse
 import copy
@@ -41,7 +43,7 @@ from tqdm import tqdm
 from atomic import atomic_write
 from data import assets
 from data.shards import MANIFEST, ShardWriter, open_shard, verify_manifest
-from data.tokenizer import get_tokenizer, tokenizer_identity
+from data.tokenizer import HubUnreachable, from_hub, get_tokenizer, hub_unreachable, tokenizer_identity
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # default output: REPO_ROOT/cache/data/...
 TINY_SHAKESPEARE_URL = (
@@ -72,12 +74,14 @@ class Corpus:
     ``text``, of which prepare() holds out --val-fraction of the documents as val; a corpus with
     its own val files (C4) has ``open_split(split)`` instead, each split's documents. ``data_files()``
     lists its files when known (paths or URLs); ``description`` says where it comes from; ``name``
-    names the default output folder."""
+    names the default output folder. ``hub``: the hub dataset it streams (None: local files), and
+    ``local_copy``: the option that reads a local copy instead."""
 
     def __init__(self, name: str, settings: dict, description: str, open_dataset=None, data_files=None,
-                 open_split=None):
+                 open_split=None, hub: str | None = None, local_copy: str | None = None):
         self.name, self.settings, self.description = name, settings, description
         self.open, self.data_files, self.open_split = open_dataset, data_files, open_split
+        self.hub, self.local_copy = hub, local_copy
 
 
 def hub_corpus(name: str, config: str | None = None, split: str = "train", text_column: str = "text",
@@ -96,7 +100,8 @@ def hub_corpus(name: str, config: str | None = None, split: str = "train", text_
     settings = {"corpus": kind, "source": name, "config": config, "split": split, "text_column": text_column}
     folder = kind if kind == "openwebtext" else Path(name).name
     return Corpus(folder, settings, f"{name}{f' ({config})' if config else ''}, {split} split", open_dataset,
-                  data_files)
+                  data_files, hub=None if Path(name).is_dir() else name,
+                  local_copy=f"{'--source' if kind == 'openwebtext' else '--dataset'} DIR")
 
 
 def files_corpus(pattern: str, text_column: str = "text") -> Corpus:
@@ -154,7 +159,8 @@ def c4_corpus(source: str = C4_HUB_ID, train_files: int = C4_TRAIN_FILES, val_fi
         return text_only(dataset, "text", f"C4's {split} files")
     settings = {"corpus": "c4", "source": source, "config": "en", "train_files": train_files, "val_files": val_files}
     description = f"{source} (en), {train_files} train and {val_files} validation files"
-    return Corpus("c4", settings, description, data_files=lambda: files, open_split=open_split)
+    return Corpus("c4", settings, description, data_files=lambda: files, open_split=open_split,
+                  hub=None if local else source, local_copy="--source DIR")
 
 
 def text_only(dataset, text_column: str, name: str):
@@ -197,11 +203,13 @@ def prepare(corpus: Corpus, tokenizer: str = "gpt2", out_dir=None, val_fraction:
     out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"{corpus.name}-{Path(tokenizer).name}")
     held_out = {} if corpus.open_split else {"val_fraction": val_fraction, "split_seed": split_seed}
     settings = {**corpus.settings, **tokenizer_identity(tokenizer), **held_out, "shard_tokens": shard_tokens}
-    existing = reuse_or_clear(out_dir, settings, force)
+    existing = reusable(out_dir, settings, force)
     if existing:
         return existing
     start = time.perf_counter()
+    check_hub(corpus, tokenizer)
     n_vocab, eot = checked_tokenizer(tokenizer)
+    clear_for(out_dir, settings, force)
     progress = read_progress(out_dir, settings)
     # The parts read in turn: each split from its own files (val first, the smaller), or one stream
     # whose documents go to the splits val_documents draws for them (part None).
@@ -333,6 +341,25 @@ def encode_documents(tokenizer: str, texts: list[str]) -> tuple[np.ndarray, np.n
     return tokens, lengths
 
 
+def check_hub(corpus: Corpus, tokenizer: str) -> None:
+    """A corpus streamed from the Hugging Face hub where the hub cannot be reached: refused at once
+    (datasets and transformers would retry for a minute), naming what else to give, for the corpus
+    and, where it is a hub name not in the hub's cache, for the tokenizer."""
+    reason = hub_unreachable() if corpus.hub else None
+    if reason is None:
+        return  # (a tokenizer from the hub says so itself, when it is loaded)
+    needs, instead = [corpus.hub], [f"{corpus.local_copy} (a local copy of its files in the hub's layout)"]
+    if from_hub(tokenizer):
+        try:
+            get_tokenizer(tokenizer)  # (from the hub's cache)
+        except HubUnreachable:
+            needs.append(f"the tokenizer {tokenizer!r}")
+            instead.append("--tokenizer gpt2, byte or a local tokenizer folder")
+    raise HubUnreachable(f"the Hugging Face hub cannot be reached ({reason}), and this preparation reads "
+                         f"{' and '.join(needs)} from it: without network, give {' and '.join(instead)} "
+                         "(docs/data.md, \"Without network\")")
+
+
 def checked_tokenizer(name: str) -> tuple[int, int]:
     tokenizer = get_tokenizer(name)
     if tokenizer.n_vocab > 2**16:
@@ -352,11 +379,12 @@ def prepare_shakespeare(tokenizer: str = "gpt2", out_dir=None, val_fraction: flo
     out_dir = Path(out_dir or REPO_ROOT / "cache" / "data" / f"shakespeare-{Path(tokenizer).name}")
     settings = {"corpus": "shakespeare", **tokenizer_identity(tokenizer), "val_fraction": val_fraction,
                 "shard_tokens": shard_tokens}
-    existing = reuse_or_clear(out_dir, settings, force)
+    existing = reusable(out_dir, settings, force)
     if existing:
         return existing
     start = time.perf_counter()
     n_vocab, eot = checked_tokenizer(tokenizer)
+    clear_for(out_dir, settings, force)
     description, texts = shakespeare_documents()
     stream, _ = encode_documents(tokenizer, texts)
     n_val = round(len(stream) * val_fraction)
@@ -388,11 +416,9 @@ def shakespeare_documents() -> tuple[str, list[str]]:
 
 # ---- the output folder ------------------------------------------------------------------------
 
-def reuse_or_clear(out_dir: Path, settings: dict, force: bool) -> dict | None:
+def reusable(out_dir: Path, settings: dict, force: bool) -> dict | None:
     """The manifest of a complete earlier preparation with these settings (None with --force or
-    if there is none); an error if the folder holds one made with other settings. Without a
-    complete manifest, an unfinished preparation with other settings (or any with --force) is
-    cleared so that no stale shard mixes with the new ones."""
+    if there is none); an error if the folder holds one made with other settings."""
     existing = read_complete_manifest(out_dir)
     if existing and not force:
         if {key: existing.get(key) for key in settings} != settings:
@@ -401,9 +427,16 @@ def reuse_or_clear(out_dir: Path, settings: dict, force: bool) -> dict | None:
         print(f"{out_dir} is already prepared ({existing['splits']['train']['tokens']:,} train, "
               f"{existing['splits']['val']['tokens']:,} val tokens); --force redoes it")
         return existing
+    return None
+
+
+def clear_for(out_dir: Path, settings: dict, force: bool) -> None:
+    """Make ``out_dir`` ready for a preparation with these settings (after ``reusable``): its
+    manifest removed, and an unfinished preparation with other settings (or any with --force)
+    cleared so that no stale shard mixes with the new ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)  # first: without it nothing counts as complete
-    if force or existing or read_progress(out_dir, settings) is None:
+    if force or read_progress(out_dir, settings) is None:
         (out_dir / PROGRESS).unlink(missing_ok=True)
         for split in SPLITS:
             for path in out_dir.glob(f"{split}_[0-9][0-9][0-9][0-9][0-9][0-9].bin*"):

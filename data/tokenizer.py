@@ -5,11 +5,17 @@ that data/assets.py takes from the package registry (the same encoding, token fo
 "byte" is UTF-8 bytes plus an end-of-text token, for tiny CPU demos.
 Any other name is a tokenizer transformers' AutoTokenizer loads: a hub name such as "t5-base" (the
 MERIT paper's for C4, as GaLore's code uses it) or a local folder; its end-of-sequence token
-separates documents. transformers is imported only then (it is in requirements-eval.txt).
+separates documents. transformers is imported only then (it is in requirements-eval.txt). Where the
+Hugging Face hub cannot be reached (``hub_unreachable``: one short request), a hub name is loaded
+from the hub's cache, or refused at once with the local alternatives; transformers would retry for a
+minute and then call the name unknown.
 """
 import functools
+import http.client
 import sys
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import tiktoken
@@ -21,6 +27,12 @@ from data import assets
 # tiktoken downloads with requests.get and no timeout: behind a firewall that drops packets
 # (common on clusters) that hangs for minutes, so the online attempt is abandoned after this.
 TIKTOKEN_ONLINE_TIMEOUT_S = 10.0
+# The longest the hub check waits for the hub's answer (a refused connection or an unknown host fails at once).
+HUB_CHECK_TIMEOUT_S = 5.0
+
+
+class HubUnreachable(ConnectionError):
+    """Something must come from the Hugging Face hub, which cannot be reached."""
 
 
 class TiktokenTokenizer:
@@ -73,9 +85,15 @@ class HuggingFaceTokenizer:
         except ImportError as error:
             raise ModuleNotFoundError(f"tokenizer {name!r} is loaded with transformers, which is not installed: "
                                       "pip install -r requirements-eval.txt") from error
+        unreachable = hub_unreachable() if from_hub(name) else None  # (then only the hub's cache can have it)
         try:
-            self.hf_tokenizer = transformers.AutoTokenizer.from_pretrained(name)
-        except OSError as error:  # not on the hub (or the hub out of reach and the name not in its cache)
+            self.hf_tokenizer = transformers.AutoTokenizer.from_pretrained(name, local_files_only=bool(unreachable))
+        except OSError as error:
+            if unreachable:
+                raise HubUnreachable(f"tokenizer {name!r} comes from the Hugging Face hub, which cannot be reached "
+                                     f"({unreachable}), and is not in its cache: give a local folder with its files "
+                                     f"instead (AutoTokenizer.from_pretrained({name!r}).save_pretrained(folder) where "
+                                     "the hub can be reached), or the gpt2 or byte tokenizer") from error
             raise ValueError(f"unknown tokenizer {name!r}: not 'gpt2' or 'byte', and transformers could not load "
                              f"it as a hub name (such as 't5-base') or a local folder: {error}") from error
         if self.hf_tokenizer.eos_token_id is None:
@@ -110,6 +128,42 @@ def get_tokenizer(name: str):
     if name == "byte":
         return ByteTokenizer()
     return HuggingFaceTokenizer(name)
+
+
+def from_hub(name: str) -> bool:
+    """Whether tokenizer ``name`` is a Hugging Face hub name (loaded from the hub or its cache): neither
+    ours nor a local folder, and shaped as a hub id ("name" or "owner/name"; a path that is no folder is
+    not one, and transformers refuses it without asking the hub)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    if name in BUILT_IN or Path(name).is_dir():
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+@functools.cache  # one check per process
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub (huggingface_hub's endpoint, $HF_ENDPOINT) cannot be reached, or None if
+    it answers: offline mode ($HF_HUB_OFFLINE), or a request to it that fails or has no answer within
+    HUB_CHECK_TIMEOUT_S. Any answer, an error status too, means it can be reached."""
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    request = urllib.request.Request(constants.ENDPOINT, method="HEAD")  # (through $HTTPS_PROXY if set)
+    try:
+        call_with_timeout(lambda: urllib.request.urlopen(request, timeout=HUB_CHECK_TIMEOUT_S).close(),
+                          HUB_CHECK_TIMEOUT_S)
+    except urllib.error.HTTPError:  # (an error status: an answer all the same)
+        return None
+    except (OSError, http.client.HTTPException) as error:  # (no route, no name, refused, timed out, cut)
+        reason = getattr(error, "reason", None) or error  # (urllib's URLError wraps the cause)
+        if isinstance(reason, TimeoutError):  # (the socket's or call_with_timeout's, whichever came first)
+            reason = f"no answer within {HUB_CHECK_TIMEOUT_S:g} s"
+        return f"{constants.ENDPOINT}: {reason}"
+    return None
 
 
 def tokenizer_identity(name: str) -> dict:

@@ -1,13 +1,17 @@
 """Data package: assets, tokenizers, shard format, loader (prepare: tests/test_prepare.py). Offline
 except for the package registry (the real assets are fetched once into the user's asset cache)."""
 import hashlib
+import http.server
 import io
 import json
+import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -120,6 +124,37 @@ def test_gpt2_online_attempt_gives_up_on_a_hang(monkeypatch):
     start = time.perf_counter()
     assert tokenizer.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
     assert time.perf_counter() - start < 1.5
+
+
+def test_the_hub_check_says_why_the_hub_cannot_be_reached_and_takes_any_answer_as_reachable(monkeypatch):
+    """Against local ports: one that refuses, one that accepts and never answers (a firewall that drops
+    packets, as the check meets it), one whose server answers 404; and offline mode."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(tokenizer, "HUB_CHECK_TIMEOUT_S", 0.5)
+
+    def check(endpoint: str) -> str | None:
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        tokenizer.hub_unreachable.cache_clear()
+        return tokenizer.hub_unreachable()
+    with socket.socket() as refusing, socket.socket() as silent:
+        refusing.bind(("127.0.0.1", 0))
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+: \[Errno 111\] Connection refused",
+                            check(f"http://127.0.0.1:{refusing.getsockname()[1]}"))
+        start = time.perf_counter()
+        assert check(f"http://127.0.0.1:{silent.getsockname()[1]}").endswith(": no answer within 0.5 s")
+        assert time.perf_counter() - start < 2
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            assert check(f"http://127.0.0.1:{server.server_address[1]}") is None  # (HEAD: 501, an answer)
+        finally:
+            server.shutdown()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert check("http://127.0.0.1:1") == "HF_HUB_OFFLINE is set"
+    tokenizer.hub_unreachable.cache_clear()
 
 
 def test_byte_tokenizer():

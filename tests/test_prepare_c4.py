@@ -1,22 +1,29 @@
 """C4 (`python -m data.prepare c4`) from json.gz files in the hub's layout, with a T5-like tokenizer
 folder built here (a Unigram model with </s> as EOS, saved through transformers) loaded by name as
 transformers loads it: shards against gzip + json + AutoTokenizer, a kill and a resume, the
-manifest's record of the tokenizer, and data/tokenizer.py's interface on such a folder."""
+manifest's record of the tokenizer, and data/tokenizer.py's interface on such a folder. Without
+the hub (a local port that refuses connections, as a machine without network meets it): the
+command says so at once and writes nothing, and a tokenizer in the hub's cache still loads."""
 import gzip
 import hashlib
 import json
+import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from data import prepare as prepare_module
 from data.prepare import c4_corpus, main
-from data.tokenizer import HuggingFaceTokenizer, get_tokenizer
+from data.tokenizer import HuggingFaceTokenizer, get_tokenizer, hub_unreachable
 from helpers import PREPARE_KILLER, random_documents, split_streams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -205,3 +212,97 @@ def test_c4_files_and_bad_inputs(folders, tmp_path):
         main([*common[:2], str(tmp_path / "nothing"), *common[3:]])
     with pytest.raises(SystemExit):  # (argparse's error: a held-out fraction makes no sense for C4)
         main([*common, "--val-fraction", "0.1"])
+
+
+@pytest.fixture
+def refusing_port():
+    """A local port that refuses connections (bound, not listening), for as long as the test runs."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield bound.getsockname()[1]
+
+
+@pytest.fixture
+def no_hub(refusing_port, monkeypatch, tmp_path):
+    """The Hugging Face hub at the refusing port, offline mode off and an empty cache (huggingface_hub's
+    settings, read when used); the hub check and the tokenizers are forgotten before and after."""
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{refusing_port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    hub_unreachable.cache_clear()
+    get_tokenizer.cache_clear()
+    yield constants.ENDPOINT
+    hub_unreachable.cache_clear()
+    get_tokenizer.cache_clear()
+
+
+# What the hub cannot give, and what to give instead, as the refusal says them.
+C4_FROM_HUB = "allenai/c4"
+LOCAL_C4 = "--source DIR (a local copy of its files in the hub's layout)"
+LOCAL_TOKENIZER = "--tokenizer gpt2, byte or a local tokenizer folder"
+
+
+def test_without_the_hub_c4_is_refused_at_once_naming_the_local_alternatives_and_nothing_is_written(
+        no_hub, folders, tmp_path):
+    c4, _ = folders
+    out = tmp_path / "out"
+    cannot = rf"prepare: the Hugging Face hub cannot be reached \({no_hub}: .*Connection refused\), and this " \
+             "preparation"
+    cases = [  # (the arguments, what the message says)
+        (["c4"], rf"{cannot} reads {C4_FROM_HUB} and the tokenizer 't5-base' from it: without network, give "
+                 rf"{re.escape(LOCAL_C4)} and {re.escape(LOCAL_TOKENIZER)} \(docs/data\.md, \"Without network\"\)$"),
+        (["c4", "--tokenizer", "byte"], rf"{cannot} reads {C4_FROM_HUB} from it: without network, give "
+                                        rf"{re.escape(LOCAL_C4)} \("),
+        (["openwebtext", "--tokenizer", "byte"], rf"{cannot} reads Skylion007/openwebtext from it: without network, "
+                                                 rf"give --source DIR \("),
+        (["c4", "--source", str(c4), "--train-files", "2"],
+         rf"prepare: tokenizer 't5-base' comes from the Hugging Face hub, which cannot be reached \({no_hub}: .*\), "
+         "and is not in its cache: give a local folder"),
+    ]
+    for args, message in cases:
+        start = time.perf_counter()
+        with pytest.raises(SystemExit, match=message):
+            main([*args, "--out", str(out)])
+        assert time.perf_counter() - start < 10, args  # (was: a minute of retries, then "unknown tokenizer")
+        assert not out.exists(), args
+
+
+def test_a_tokenizer_in_the_hubs_cache_loads_without_the_hub(no_hub, folders, monkeypatch):
+    """As huggingface_hub caches a hub tokenizer (models--OWNER--NAME/snapshots/COMMIT/, refs/main naming
+    the commit, .no_exist/COMMIT/ marking the files asked for that the repository lacks: this folder has
+    no config.json), here the folder's files: loaded from there, with the hub refused or offline mode on."""
+    _, folder = folders
+    cached = Path(constants.HF_HUB_CACHE) / "models--nanomerit-tests--t5-like"
+    commit = "0" * 40
+    shutil.copytree(folder, cached / "snapshots" / commit)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(commit)
+    (cached / ".no_exist" / commit).mkdir(parents=True)
+    (cached / ".no_exist" / commit / "config.json").touch()
+    text = " ".join(random_documents(3, seed=5))
+    expected = AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False)["input_ids"]
+    assert get_tokenizer("nanomerit-tests/t5-like").encode(text) == expected
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_unreachable.cache_clear()
+    get_tokenizer.cache_clear()
+    assert get_tokenizer("nanomerit-tests/t5-like").encode(text) == expected
+    with pytest.raises(ConnectionError, match=r"tokenizer 'nanomerit-tests/absent' comes from the Hugging Face hub, "
+                                              r"which cannot be reached \(HF_HUB_OFFLINE is set\)"):
+        get_tokenizer("nanomerit-tests/absent")
+
+
+@pytest.mark.slow  # a new process (the imports: some seconds)
+def test_the_c4_command_without_network_fails_at_once_and_leaves_no_folder(refusing_port, tmp_path):
+    """The issue's command as typed, in a process whose hub is the refusing port (HF_ENDPOINT), with an empty
+    cache (HF_HOME) and offline mode not set: no retries, the network named, no output folder."""
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{refusing_port}", HF_HOME=str(tmp_path / "hf"))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "data.prepare", "c4", "--out", str(tmp_path / "out")], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - start < 30, result.stderr[-2000:]  # (was 51-75 s)
+    assert result.returncode == 1
+    assert "Retrying" not in result.stderr
+    assert result.stderr.strip().endswith(f"reads {C4_FROM_HUB} and the tokenizer 't5-base' from it: without network, "
+                                          f"give {LOCAL_C4} and {LOCAL_TOKENIZER} (docs/data.md, \"Without network\")")
+    assert "cannot be reached" in result.stderr and not (tmp_path / "out").exists()
