@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs import load_config
+from configs import INVOCATION_KEYS, load_config
 from helpers import ROOT, TINY_RUN, make_text, read_metrics, run_train, train_here
 from data.shards import write_shard
 from train import Trainer
@@ -135,7 +135,9 @@ def test_checkpoint_contents_and_incompatible_resume(byte_shards, tmp_path):
     assert state.config["optimizer"] == "merit" and state.model_args["n_layer"] == 2
     assert state.optimizer["state"] and len(state.rng) == 1 and state.train_loader
     assert state.code_version and state.optim_backends == {"group0": "cpp", "group1": "cpp"}
-    assert json.loads((tmp_path / "default" / "config.json").read_text()) == state.config
+    # config.json records the run's config, the invocation's flags (--resume, ...) aside
+    recorded = {key: value for key, value in state.config.items() if key not in INVOCATION_KEYS}
+    assert json.loads((tmp_path / "default" / "config.json").read_text()) == recorded
     refused = train_here(*args(byte_shards, tmp_path, "--max_steps=4", "--batch_size=2", "--micro_batch_size=2",
                               "--n_embd=64", "--resume"), check=False)
     assert refused.returncode != 0 and "n_embd: checkpoint 32, now 64" in refused.stderr
