@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from configs import TrainConfig
+from configs import INVOCATION_KEYS, TrainConfig
 from model import HF_CLASSES, GPTConfig
 from training import distributed
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
@@ -204,7 +204,7 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
     any resume runs first. A model no Hugging Face class computes gets no export command, but why."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
-    dropped = ("--resume", "--overwrite", "--stop_at_step", "--allow_changes")
+    dropped = [f"--{key}" for key in INVOCATION_KEYS]  # (this invocation's, not the run's)
     resume = [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
     pending = f"step {evaluating}'s pending evaluation" if evaluating else ""
     lines = [f"run folder {run_dir}:",
