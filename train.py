@@ -359,7 +359,7 @@ def main(argv: list[str]):
         trainer.close()
     if trainer.ctx.is_main and trainer.checkpoint_steps:
         print(run_folder.guide(trainer.run_dir, trainer.checkpoint_steps[-1], trainer.total_steps, trainer.config,
-                               distributed.launcher(), argv))
+                               distributed.launcher(), argv, evaluating=trainer.state.evaluating))
 
 
 if __name__ == "__main__":

@@ -355,6 +355,7 @@ def test_an_evaluation_a_stop_left_pending_runs_first_on_any_resume_and_is_said(
     stopped = train_here(*run)
     assert "SIGTERM received, saved step 6, with step 6's evaluation pending (any resume runs it first), exiting" \
         in stopped.stdout + stopped.stderr
+    assert "step 6's evaluation, which a stop interrupted, is pending" in stopped.stdout  # (the guide)
     assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 6
     longer = ["--resume", "--max_steps=8", "--allow_changes=max_steps"]
     monkeypatch.setattr(Sigterm, "at_start", True)
