@@ -19,7 +19,7 @@ saves it. Then, with no network,
     hf.from_hf(OUT_DIR)                                     # back into model.py, bit for bit
 
 Neither HF class has QK-Norm or logit soft-capping: a model with either is refused (python -m eval
-evaluates its checkpoint; training/run_folder.py's ``hf_export_refusal`` says why, for the run
+evaluates its checkpoint; model.py's ``hf_export_refusal`` says why, for the run
 guide too). The folder is written under a temporary name beside OUT_DIR, checked
 (its weights are read back and compared with the checkpoint's) and renamed into place
 (atomic.atomic_directory), so a failed export never leaves a complete-looking folder. An existing
@@ -37,10 +37,10 @@ import torch.nn as nn
 
 from atomic import atomic_directory
 from data.tokenizer import BUILT_IN, get_tokenizer
-from model import GPT, HF_CLASSES, GPTConfig
+from model import GPT, HF_CLASSES, GPTConfig, hf_export_refusal
 from training.checkpoint import Checkpoint
 from training.parallel import load_model
-from training.run_folder import hf_export_refusal, model_sha256
+from training.run_folder import model_sha256
 
 # Hugging Face's GPT-2 uses Conv1D (weight stored as in x out) where this file uses nn.Linear
 # (out x in): these weights are transposed between the two; every other tensor is the same.

@@ -49,6 +49,7 @@ PRESETS = {
 
 ARCHS = ("gpt2", "llama")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # what each exports as (hf.py)
+FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # each arch's family, as hf_export_refusal names it
 QK_NORMS = (None, "layernorm", "rmsnorm")
 NORM_EPS = {"gpt2": 1e-5, "llama": 1e-6}  # torch's LayerNorm default; GaLore's Llama (rms_norm_eps)
 
@@ -113,6 +114,23 @@ class GPTConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def hf_export_refusal(model_config: GPTConfig) -> str | None:
+    """Why no Hugging Face class computes a model of ``model_config`` (None where its family's class,
+    HF_CLASSES, does): what hf.py's export refuses, and what the run guide prints instead of it."""
+    family, hf_class = FAMILIES[model_config.arch], HF_CLASSES[model_config.arch]
+    if model_config.qk_norm is not None:
+        return (f"a model with qk_norm={model_config.qk_norm!r} has no Hugging Face {family} equivalent ({hf_class} "
+                f"normalises no q or k)")
+    caps = {name: getattr(model_config, name) for name in ("attn_logit_softcap", "final_logit_softcap")
+            if getattr(model_config, name) is not None}
+    if caps:
+        # (Gemma 2's classes soft-cap both, but add norms and scalings this model lacks: docs/evaluation.md
+        # says which classes hold what.)
+        return (f"a model with {', '.join(f'{k}={v!r}' for k, v in caps.items())} has no Hugging Face {family} "
+                f"equivalent ({hf_class} soft-caps no logits)")
+    return None
 
 
 def llama_width(n_embd: int) -> int:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from configs import INVOCATION_KEYS, TrainConfig
-from model import HF_CLASSES, GPTConfig
+from model import HF_CLASSES, hf_export_refusal
 from training import distributed
 from training.checkpoint import CHECKPOINT_NAME, NUMBERED, numbered
 from training.distributed import Distributed
@@ -53,8 +53,6 @@ RUN_FILES = (CHECKPOINT_NAME, "metrics.jsonl", "config.json", "wandb_id.txt")
 # eval's results (one file per checkpoint), the Hessian and the Hugging Face export the guide names.
 # The run's too, so a run started over removes them.
 DERIVED_FILES = ("results*.json", "hessian.json", "hf")
-# Each arch's family, as hf_export_refusal names it.
-FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}
 LOCK_NAME = ".lock"
 HEARTBEAT_SECONDS = 30.0  # how often the holder renews the lock's modification time
 STALE_SECONDS = 300.0  # a lock not renewed for this long is a dead holder's (a lost node's)
@@ -152,23 +150,6 @@ def model_sha256(model: torch.nn.Module) -> str:
         digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def hf_export_refusal(model_config: GPTConfig) -> str | None:
-    """Why no Hugging Face class computes a model of ``model_config`` (None where its family's class,
-    HF_CLASSES, does): what hf.py's export refuses, and what the run guide prints instead of it."""
-    family, hf_class = FAMILIES[model_config.arch], HF_CLASSES[model_config.arch]
-    if model_config.qk_norm is not None:
-        return (f"a model with qk_norm={model_config.qk_norm!r} has no Hugging Face {family} equivalent ({hf_class} "
-                f"normalises no q or k)")
-    caps = {name: getattr(model_config, name) for name in ("attn_logit_softcap", "final_logit_softcap")
-            if getattr(model_config, name) is not None}
-    if caps:
-        # (Gemma 2's classes soft-cap both, but add norms and scalings this model lacks: docs/evaluation.md
-        # says which classes hold what.)
-        return (f"a model with {', '.join(f'{k}={v!r}' for k, v in caps.items())} has no Hugging Face {family} "
-                f"equivalent ({hf_class} soft-caps no logits)")
-    return None
 
 
 def prepare(run_dir: Path, stale: list[str]) -> None:
