@@ -31,14 +31,13 @@ from tqdm import tqdm
 
 from atomic import atomic_write
 from configs import SCALINGS, ConfigError, TrainConfig, load_config
-from study.runs import BRANCHES, Run, Summary, is_branch, read_records, summary
+from study.runs import BRANCH_FILE, BRANCHES, Run, Summary, is_branch, read_records, summary
 from study.sweep import ROOT
 from training.batch_schedule import BatchSchedule, half_life_betas
 from training.checkpoint import NUMBERED, RECORDED, Checkpoint, numbered, save_in
 
 BRANCH_FOLDER = re.compile(r"k([0-9.e+-]+)_s(\d+)")  # a branch's folder: k<multiplier>_s<seed>
 NEVER = 10 ** 12  # an interval no branch reaches (validation, zero-shot: a branch measures its training loss)
-BRANCH_FILE = "branch.py"  # a branch's config file: what it trains, to its stop_at_step
 
 
 @dataclass
@@ -277,9 +276,7 @@ def ending(records: list[dict], stop_at_step: int) -> str | None:
 def branch_end(run: Run) -> int:
     """The step a branch's run stops at: its config file's stop_at_step (a run's config.json records
     no invocation flag; one written before that rule, as in the archives packed then, does)."""
-    if "stop_at_step" in run.config:
-        return run.config["stop_at_step"]
-    return load_config(str(run.folder / BRANCH_FILE)).stop_at_step
+    return run.config["stop_at_step"] if "stop_at_step" in run.config else run.branch_stop
 
 
 def branch_losses(run: Run) -> list[float] | None:

@@ -21,6 +21,7 @@ loss among the lrs all of whose seeds finished.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import io
@@ -76,6 +77,7 @@ class Run:
     records: list[dict] = field(repr=False)
     hessian: dict | None = None  # its hessian.json, if of one of its checkpoints
     set_aside: list[str] = field(default_factory=list)  # what its folder holds of another model, and why
+    branch_stop: int | None = None  # a CBS branch's: the step its config file (BRANCH_FILE) stops it at
 
     @property
     def name(self) -> str:
@@ -336,8 +338,9 @@ def is_branch(run: Run) -> bool:
     return run.folder.parent.parent.name == BRANCHES
 
 
+BRANCH_FILE = "branch.py"  # a CBS branch's config file (study/cbs.py): what it trains, to its stop_at_step
 # What a run folder holds that the study reads: all an archive of runs keeps.
-RUN_FILES = ("config.json", "metrics.jsonl", "hessian.json")
+RUN_FILES = ("config.json", "metrics.jsonl", "hessian.json", BRANCH_FILE)
 # The member of an archive that takes runs from another archive beside it (pack_runs' ``beside``).
 BESIDE = "beside.json"
 
@@ -361,6 +364,8 @@ def _run(folder: Path, files: dict[str, str], packed: bool = False) -> Run:
     """The run of ``folder``'s ``files``; its hessian.json checked against the folder's checkpoints
     (``packed``: read from an archive, which holds only checked ones)."""
     run = Run(folder, json.loads(files["config.json"]), parse_records(files["metrics.jsonl"]))
+    if BRANCH_FILE in files:
+        run.branch_stop = assigned_literal(files[BRANCH_FILE], "stop_at_step")
     if "hessian.json" in files:
         hessian = json.loads(files["hessian.json"])
         foreign = None if packed else not_of_the_run(folder, hessian)
@@ -369,6 +374,15 @@ def _run(folder: Path, files: dict[str, str], packed: bool = False) -> Run:
         else:
             run.hessian = hessian
     return run
+
+
+def assigned_literal(source: str, name: str):
+    """The literal a config file's ``source`` assigns to ``name`` (None if none), read without running
+    it: an archive's files are data."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and [getattr(target, "id", None) for target in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    return None
 
 
 def not_of_the_run(folder: Path, artefact: dict) -> str | None:

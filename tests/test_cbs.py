@@ -18,7 +18,7 @@ from configs import ConfigError, TrainConfig
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
 from study.report import ramp_table, report
-from study.runs import Run, find_runs, is_branch
+from study.runs import Run, find_runs, is_branch, pack_runs
 from training.checkpoint import Checkpoint
 from training.parts import Part, Step
 
@@ -250,6 +250,12 @@ def test_branches_train_and_measure_the_critical_batch(branched):
             assert list(line.get_xdata()) == [(i + 1) / n for i in range(n)]
             assert line.get_ydata()[-1] == pytest.approx(
                 sum(smoothed_by_hand(logged[step, k, seed]) for seed in (0, 1)) / 2, rel=1e-12)
+    # Packed into an archive (no checkpoints; each branch's config file says where it ends: its config.json
+    # records no stop_at_step) and read back, the measurement is the folder's.
+    pack_runs(runs, run.parent, run.parent / "runs.tar.xz")
+    [packed] = cbs.measured_runs(find_runs([run.parent / "runs.tar.xz"]), epsilon=0.01, ema=0.5).values()
+    assert [(m.step, m.tokens, m.batch, m.losses) for m in packed] == \
+        [(m.step, m.tokens, m.batch, m.losses) for m in measurements]
     # Planned again: nothing to train; another plan into the folder is refused, naming what differs.
     assert branch_here(run) == runs
     with pytest.raises(ConfigError, match=r"holds the branch step 8 k 0.5 seed 0 with other settings \(.*lr"):
