@@ -9,8 +9,8 @@ The exported folder holds config.json (a GPT2LMHeadModel or LlamaForCausalLM wit
 shape, its padded vocabulary included, so logits match), model.safetensors, the tokenizer and
 nanomerit.json (where the weights came from: the checkpoint, its step and ``model_sha256``, the hash
 of its weights that python -m eval and scripts/hessian.py record too). For data/tokenizer.py's
-"gpt2" and "byte" the tokenizer (tokenizer.json and tokenizer_config.json) is built offline from that encoding; it
-encodes text exactly as that does, except that the text "<|endoftext|>" becomes the end-of-text
+"gpt2" and "byte" the tokenizer (tokenizer.json and tokenizer_config.json) is built offline from
+that encoding; it encodes text exactly as that does, except that the text "<|endoftext|>" becomes the end-of-text
 token, as in HF's GPT-2. A Hugging Face tokenizer (a hub name or folder) is saved as transformers
 saves it. Then, with no network,
 
@@ -19,10 +19,9 @@ saves it. Then, with no network,
     hf.from_hf(OUT_DIR)                                     # back into model.py, bit for bit
 
 Neither HF class has QK-Norm or logit soft-capping: a model with either is refused (python -m eval
-evaluates its checkpoint; model.py's ``hf_export_refusal`` says why, for the run
-guide too). The folder is written under a temporary name beside OUT_DIR, checked
-(its weights are read back and compared with the checkpoint's) and renamed into place
-(atomic.atomic_directory), so a failed export never leaves a complete-looking folder. An existing
+evaluates its checkpoint; model.py's ``hf_export_refusal`` says why, for the run guide too). The
+folder is written under a temporary name beside OUT_DIR, checked (its weights are read back and
+compared with the checkpoint's) and renamed into place (atomic.atomic_directory), so a failed export never leaves a complete-looking folder. An existing
 non-empty OUT_DIR is replaced only with force=True, and only if it is an earlier export; OUT_DIR
 may never be the checkpoint's run folder or contain it.
 """

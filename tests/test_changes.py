@@ -7,7 +7,6 @@ such a run out with a note."""
 import argparse
 import json
 import re
-import warnings
 
 import pytest
 import torch

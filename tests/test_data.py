@@ -3,17 +3,14 @@ except for the package registry (the real assets are fetched once into the user'
 import hashlib
 import http.server
 import io
-import json
 import re
 import shutil
 import socket
 import struct
 import subprocess
-import sys
 import tarfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np

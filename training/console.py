@@ -59,19 +59,18 @@ class Console(Part):
                             if "/" not in k or k.startswith(RUN_LEVEL)))
         max_logits, capped = per_layer(metrics, "max_logit"), per_layer(metrics, "max_logit_capped")
         if max_logits:
-            tqdm.write(f"  max attention logit per layer: {self.max_logits_text(metrics)}")
+            tqdm.write(f"  max attention logit per layer: {self.max_logits_text(max_logits, capped)}")
         if "train/loss" in metrics and max_logits:
             self.progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", max_logit=f"{max(max_logits):.1f}",
                                       **({"max_logit_capped": f"{max(capped):.1f}"} if capped else {}))
 
-    def max_logits_text(self, metrics: dict) -> str:
-        """The max attention logit of each layer in ``metrics``; with a soft-cap the raw ones, so
-        labelled, and the capped ones."""
-        raw, capped = (" ".join(f"{v:.2f}" for v in per_layer(metrics, stat))
-                       for stat in ("max_logit", "max_logit_capped"))
+    def max_logits_text(self, raw: list[float], capped: list[float]) -> str:
+        """The max attention logit of each layer; with a soft-cap (``capped`` not empty) the raw ones,
+        so labelled, and the capped ones."""
+        raw_text, capped_text = (" ".join(f"{v:.2f}" for v in values) for values in (raw, capped))
         if not capped:
-            return raw
-        return f"raw {raw}, capped by attn_logit_softcap={self.run.config.attn_logit_softcap:g}: {capped}"
+            return raw_text
+        return f"raw {raw_text}, capped by attn_logit_softcap={self.run.config.attn_logit_softcap:g}: {capped_text}"
 
     def finish(self) -> None:
         """The final numbers and a sample (every rank: FSDP2 gathers the model for the sample)."""
@@ -80,8 +79,9 @@ class Console(Part):
         self.progress.close()
         if not run.ctx.is_main:
             return
+        max_logits = self.max_logits_text(*(per_layer(self.latest, stat) for stat in ("max_logit", "max_logit_capped")))
         print(f"finished {run.step} steps ({run.state.tokens:,} tokens): val loss {self.latest['val/loss']:.4f}, "
-              f"max attention logit per layer {self.max_logits_text(self.latest)}")
+              f"max attention logit per layer {max_logits}")
         if sampler is not None:
             print(f"sample:\n{self.sample(sampler, run.config.sample_tokens)}")
 
