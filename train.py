@@ -21,7 +21,7 @@ import torch
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from configs import SCALINGS, load_config, save_config, usage
+from configs import load_config, save_config, usage
 from data.loader import ShardTokenError, TokenLoader
 from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
@@ -34,7 +34,7 @@ from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
 from training.run_config import RunConfig, compute_dtype, resolve_config
-from training.batch_schedule import BatchSchedule
+from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
@@ -80,7 +80,8 @@ class Trainer:
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
             batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],
             zero_redundancy=self.layout.zero_redundancy)
-        self.plan_batches(schedule)  # (the run's length; the first step's accumulation and decays)
+        self.batches = BatchPlan(config, self.optimizer, self.ctx.world_size)  # what follows the batch, step by step
+        self.batches.follow(schedule)  # (the run's length; the first step's accumulation and decays)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
@@ -93,7 +94,7 @@ class Trainer:
                                         self.checkpoint_steps)
         self.parts = Parts.build([*PARTS, *imported(config.extra_parts)], self)
         # Everything a checkpoint holds (training/state.py); the layout saves and loads it.
-        self.state = RunState(self.model, self.optimizer, config=config.to_dict(), schedule=self.schedule,
+        self.state = RunState(self.model, self.optimizer, config=config.to_dict(), schedule=schedule,
                               parts=self.parts, scaler=self.scaler, train_loader=self.train_loader,
                               train_window=self.loss_window, rng=RankRNG(self.ctx))
         self.pending_evaluation: Step | None = None  # the step whose evaluation a stop interrupted (restore)
@@ -107,28 +108,6 @@ class Trainer:
         self.signals = StopSignals(self.ctx.is_main)
         self.run_lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
 
-    def plan_batches(self, schedule: BatchSchedule, step: int = 0) -> None:
-        """Train by ``schedule`` (training/batch_schedule.py) from after ``step`` steps: the run's
-        length, its lr schedule in tokens, the batch of the next step."""
-        config = self.config
-        schedule.check_divisible(config.micro_batch_size, self.ctx.world_size, from_step=step)
-        self.schedule = schedule
-        self.total_steps, self.warmup_steps = schedule.lengths(config)
-        self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
-        self.batch_phase = None  # the phase the loop trains in (enter_phase)
-        self.enter_phase(step)
-
-    def enter_phase(self, step: int) -> None:
-        """Take the next step (after ``step`` steps) with its phase's batch, if it has not yet: the
-        accumulation, what the optimizer scales by the batch (Sophia-G's Hessian scale) and, by
-        ``batch_half_life_betas``, the decays (beta ** (B / B0), B0 the config's first batch)."""
-        phase = self.schedule.phase_index(step)
-        if phase == self.batch_phase:
-            return
-        self.batch_phase, c = phase, self.config
-        self.grad_accum = self.schedule.accumulation(step, c.micro_batch_size, self.ctx.world_size)
-        self.schedule.set_optimizer(self.optimizer, c, step)
-
     @property
     def step(self) -> int:
         """Optimizer steps taken (``self.state`` counts them)."""
@@ -137,16 +116,16 @@ class Trainer:
     # --- the loop ---
     def train(self):
         config, ctx = self.config, self.ctx
-        if self.step == self.total_steps and not self.state.evaluating:
+        if self.step == self.batches.total_steps and not self.state.evaluating:
             if ctx.is_main:
-                print(f"the run in {self.run_dir} already finished its {self.total_steps} steps: nothing to do "
+                print(f"the run in {self.run_dir} already finished its {self.batches.total_steps} steps: nothing to do "
                       f"(raise max_steps to train on)")
             return
         if ctx.is_main:
             run_folder.prepare(self.run_dir, self.stale_files)
             save_config(config, self.run_dir / "config.json", self.state.changes)
         self.parts.call("start")
-        last_step = min(self.total_steps, config.stop_at_step or self.total_steps)
+        last_step = min(self.batches.total_steps, config.stop_at_step or self.batches.total_steps)
         if self.step == 0 or self.pending_evaluation:  # the loss curve's start; an evaluation a stop interrupted
             self.evaluate(self.pending_evaluation or Step(0))
             if self.pending_evaluation:
@@ -156,8 +135,8 @@ class Trainer:
                     return
         while self.step < last_step:
             number = self.step + 1
-            step = Step(number, log=number % config.log_interval == 0 or number == self.total_steps,
-                        final=number == self.total_steps)
+            step = Step(number, log=number % config.log_interval == 0 or number == self.batches.total_steps,
+                        final=number == self.batches.total_steps)
             self.loss_window.add(self.train_step(step), step.finite)
             self.state.step += 1  # a skipped step counts: its batch is consumed and the schedule moves on
             self.after_step(step)  # the parts (QK-Clip), then an optimizer's extra pass (Sophia-G's Hessian)
@@ -173,7 +152,7 @@ class Trainer:
             if stop:
                 self.say_stopped()
                 break
-        if self.step == self.total_steps and not self.state.evaluating:
+        if self.step == self.batches.total_steps and not self.state.evaluating:
             self.parts.call("finish")
 
     def say_stopped(self) -> None:
@@ -186,14 +165,10 @@ class Trainer:
     def train_step(self, step: Step) -> torch.Tensor:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
         no host sync; nonfinite="skip" drops a non-finite update on the device, "stop" raises later)."""
-        self.enter_phase(self.step)
+        self.batches.before_step(self.step, self.state.tokens)  # the phase's batch and decays, the step's lr
         # The weights back where gradients are taken, if an evaluation moved them: with this phase's
         # decays, as a run resumed with them by hand does (Schedule-Free's y from x and z by beta1).
         self.optimizer.train()
-        lr = self.lr_schedule(self.state.tokens, self.schedule.tokens_per_step(self.step),
-                              scale=SCALINGS[self.config.batch_lr_scaling](self.schedule.ratio(self.step)))
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         self.parts.call("before_step", step)
         z_loss = self.config.z_loss
         total_loss = self.forward_backward(lambda model, x, y, offset: model(x, y, z_loss=z_loss, logits=False)[1],
@@ -244,14 +219,14 @@ class Trainer:
         batch's micro-batches, unscaled and all-reduced; returns the mean loss. ``observers``: the
         parts told of each micro-batch's backward and of the reduced gradient (a training step's)."""
         total_loss = torch.zeros((), device=self.device)
-        for micro_step in range(self.grad_accum):
+        for micro_step in range(self.batches.accumulation):
             with self.phase("data"):
                 offset = self.train_loader.next_offset
                 x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
             # Gradients are reduced across the ranks only on the last micro-step.
-            last = micro_step == self.grad_accum - 1
+            last = micro_step == self.batches.accumulation - 1
             with self.phase("forward"), self.layout.gradient_sync(self.train_model, last), self.autocast:
-                loss = loss_fn(self.train_model, x, y, offset) / self.grad_accum
+                loss = loss_fn(self.train_model, x, y, offset) / self.batches.accumulation
             with self.phase("backward"):
                 self.scaler.scale(loss).backward()
             total_loss += loss.detach()
@@ -309,11 +284,12 @@ class Trainer:
     def restore(self):
         checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
         # The phases up to the checkpoint's step are the run's record, the rest the config's.
-        self.plan_batches(BatchSchedule.of(self.config, self.model_config.block_size,
-                                           BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step),
-                          checkpoint.step)
-        self.state.schedule = self.schedule
-        changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path, self.total_steps)
+        self.batches.follow(BatchSchedule.of(self.config, self.model_config.block_size,
+                                             BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step),
+                            checkpoint.step)
+        self.state.schedule = self.batches.schedule
+        changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path,
+                                               self.batches.total_steps)
         self.layout.load(self.state, checkpoint, path)
         self.state.changes += changes  # (each named by allow_changes)
         self.checkpoint_steps.append(self.step)
@@ -358,8 +334,8 @@ def main(argv: list[str]):
     finally:
         trainer.close()
     if trainer.ctx.is_main and trainer.checkpoint_steps:
-        print(run_folder.guide(trainer.run_dir, trainer.checkpoint_steps[-1], trainer.total_steps, trainer.config,
-                               distributed.launcher(), argv, evaluating=trainer.state.evaluating))
+        print(run_folder.guide(trainer.run_dir, trainer.checkpoint_steps[-1], trainer.batches.total_steps,
+                               trainer.config, distributed.launcher(), argv, evaluating=trainer.state.evaluating))
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ from .soap import SOAP
 from .sophia import SophiaG
 
 __all__ = ["AdEMAMix", "AdamWScheduleFree", "BACKENDS", "DMuon", "GradientFn", "LAMB", "Lion", "LossFn", "MARS",
-           "MERIT", "Muon", "Optimizer", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings", "available", "build",
-           "check_options", "param_groups", "register", "schedule_free", "settings"]
+           "MERIT", "Muon", "Optimizer", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings", "available",
+           "batch_decays", "build", "check_options", "param_groups", "register", "schedule_free", "settings"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -69,6 +69,12 @@ def schedule_free(name: str) -> bool:
     """Whether optimizer ``name`` averages its iterates instead of decaying the lr (its factory's
     ``SCHEDULE_FREE``): a run of it holds the lr constant after the warmup."""
     return getattr(_REGISTRY[name.lower()], "SCHEDULE_FREE", False)
+
+
+def batch_decays(name: str) -> dict[str, tuple[str, int | None]]:
+    """The decays of optimizer ``name`` that may follow the batch (its factory's ``BATCH_DECAYS``,
+    optim/protocol.py): ``{name: (param-group key, index in its tuple or None)}``."""
+    return dict(getattr(_REGISTRY[name.lower()], "BATCH_DECAYS", {}))
 
 
 def register(name: str, factory: Callable, gpt2_settings: dict | None = None) -> None:

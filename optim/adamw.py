@@ -8,7 +8,7 @@ kernels are torch's ("auto" and "torch" are accepted, a kernel name is an error)
 import torch
 
 from .backends import check_setting
-from .protocol import TrainingHooks
+from .protocol import ADAM_BETAS, TrainingHooks
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -29,9 +29,15 @@ def adamw(params, *, lr: float, weight_decay: float = 0.0, betas: tuple[float, f
 class AdamW(TrainingHooks, torch.optim.AdamW):
     """``torch.optim.AdamW``, its step untouched (torch's fused kernel); no diagnostics of its own."""
 
+    BATCH_DECAYS = ADAM_BETAS
+
     def backends(self) -> dict[str, str]:
         return {f"group{i}": "torch (fused)" if group["fused"] else "torch (foreach)"
                 for i, group in enumerate(self.param_groups)}
+
+
+# The registry's factory is the function: it declares what its optimizer does.
+adamw.BATCH_DECAYS = AdamW.BATCH_DECAYS
 
 
 def _tensors(params):

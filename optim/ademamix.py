@@ -25,6 +25,7 @@ from torch import Tensor
 
 from . import sharding
 from .base import Optimizer, step_counter, zeros_like
+from .protocol import ADAM_BETAS
 
 
 class AdEMAMix(Optimizer):
@@ -47,6 +48,8 @@ class AdEMAMix(Optimizer):
     one sync per parameter, as LAMB's bias correction). ``step`` consumes the gradients (the
     torch reference builds the update in p.grad). Diagnostics: none of its own.
     """
+
+    BATCH_DECAYS = {**ADAM_BETAS, "beta3": ("beta3", None)}  # (beta3's warmup ends at it)
 
     _ATTRIBUTES = (*Optimizer._ATTRIBUTES, "run_steps")
 

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from . import sharding
 from .base import Optimizer, step_counter, zeros_like
+from .protocol import ADAM_BETAS
 
 _MAX_WEIGHT_NORM = 10.0
 
@@ -27,6 +28,8 @@ class LAMB(Optimizer):
     ``step`` consumes the gradients (p.grad holds u afterwards). Diagnostics (requested steps):
     ``trust_ratio`` per parameter (1 where the guard or ratio_only_with_decay applies).
     """
+
+    BATCH_DECAYS = ADAM_BETAS
 
     FLAGS = ("bias_correction", "ratio_only_with_decay")
 

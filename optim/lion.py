@@ -11,6 +11,7 @@ from torch import Tensor
 
 from . import sharding
 from .base import Optimizer, zeros_like
+from .protocol import ADAM_BETAS
 
 
 class Lion(Optimizer):
@@ -21,6 +22,8 @@ class Lion(Optimizer):
     group may override lr, betas and weight_decay. State per parameter: "exp_avg" (m).
     Diagnostics: none of its own (the training loop measures every optimizer's update sizes).
     """
+
+    BATCH_DECAYS = ADAM_BETAS  # (Lion's interpolation and its momentum's decay)
 
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0, *, backend: str = "auto"):

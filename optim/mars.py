@@ -25,6 +25,7 @@ from torch import Tensor
 from . import sharding
 from .base import zeros_like
 from .hybrid import HiddenMatricesAndAdamW
+from .protocol import ADAM_BETAS
 
 
 class MARS(HiddenMatricesAndAdamW):
@@ -51,6 +52,8 @@ class MARS(HiddenMatricesAndAdamW):
     ``correction_norm``, ||c||_2 before the clip, and ``correction_clipped``, 1 where it was clipped.
     Under FSDP2 a rank holds rows: ||c||_2 sums the ranks' squares (one all-reduce per matrix).
     """
+
+    BATCH_DECAYS = {**ADAM_BETAS, "adamw_beta1": ("adamw_betas", 0), "adamw_beta2": ("adamw_betas", 1)}
 
     # c in one sweep (the fused ``mars_correction``, written into the gradient's storage: ``step``
     # consumes the gradients), then torch's fused AdamW kernel on c.

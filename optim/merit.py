@@ -9,6 +9,7 @@ from torch import Tensor
 
 from . import sharding
 from .base import Optimizer, step_counter, zeros_like
+from .protocol import ADAM_BETAS
 
 
 class MERIT(Optimizer):
@@ -42,6 +43,8 @@ class MERIT(Optimizer):
     the elements (median: the lower one, as torch.median) and ``clip_fraction``, the fraction of
     elements with |s * u| > 1 (those the clip changes, or would change without it).
     """
+
+    BATCH_DECAYS = ADAM_BETAS
 
     FLAGS = ("maxlamb", "elementwise_clip", "weightwise_lower_bound")
 

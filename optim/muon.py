@@ -26,6 +26,7 @@ from torch import Tensor
 from . import sharding
 from .base import zeros_like
 from .hybrid import HiddenMatricesAndAdamW
+from .protocol import ADAM_BETAS
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -64,6 +65,7 @@ class Muon(HiddenMatricesAndAdamW):
     the parameters are one process's. ZeRO-1 gives each rank whole matrices: nothing to gather.
     """
 
+    BATCH_DECAYS = {"momentum": ("momentum", None), **ADAM_BETAS}  # (betas: its AdamW part's)
     USES_FUSED_OPERATIONS = False  # torch code; the AdamW part is torch's fused kernel
     NAME = "Muon"
     FLAGS = ("nesterov",)

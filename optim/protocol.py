@@ -22,6 +22,11 @@ The loop calls, and nothing else:
   idempotent, and the loop calls them on every rank in step.
 * ``GROUP_STATE``: the param-group keys that are the optimizer's state (Schedule-Free's step
   count and weight sum), which a resume loads with the rest of it, not the run's settings.
+* ``BATCH_DECAYS``: the decays that may follow the batch (a config's ``batch_half_life_betas``
+  names them; training/batch_schedule.py holds each one's half-life in tokens when the batch
+  changes): ``{name: (param-group key, index in that key's tuple, or None for a number)}``, e.g.
+  Adam's ``{"beta1": ("betas", 0), "beta2": ("betas", 1)}``. Each optimizer declares its own, so
+  none is scaled by a guess at its key names; an optimizer with none declares ``{}``.
 
 ``TrainingHooks`` is the mixin every optimizer of this package inherits (optim/base.py and torch's
 AdamW in optim/adamw.py), with the defaults: no extra passes, the torch implementation.
@@ -38,6 +43,8 @@ LossFn = Callable[[nn.Module, Tensor, Tensor, int], Tensor]
 # averaged over the next global batch (all ranks, all micro-batches) and unscaled, cleared on exit;
 # it yields the model's parameters (in their training order).
 GradientFn = Callable[[LossFn], AbstractContextManager[list[Tensor]]]
+# The ``BATCH_DECAYS`` of an optimizer with Adam's two betas in its groups' "betas".
+ADAM_BETAS: dict[str, tuple[str, int | None]] = {"beta1": ("betas", 0), "beta2": ("betas", 1)}
 
 
 class TrainingHooks:
@@ -47,6 +54,7 @@ class TrainingHooks:
     # Param-group keys that are state, not hyper-parameters: a resume keeps the checkpoint's values
     # of these (training/parallel.py) and gives every other key this run's.
     GROUP_STATE: tuple[str, ...] = ()
+    BATCH_DECAYS: dict[str, tuple[str, int | None]] = {}
 
     def request_diagnostics(self) -> None:
         self._diagnostics_requested = True

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from . import sharding
 from .base import Optimizer, zeros_like
+from .protocol import ADAM_BETAS
 
 
 class AdamWScheduleFree(Optimizer):
@@ -44,6 +45,8 @@ class AdamWScheduleFree(Optimizer):
     dropped on the host (below); no ``scheduled_lr`` key (the lr is the loop's ``group["lr"]``).
     Diagnostics: none of its own.
     """
+
+    BATCH_DECAYS = ADAM_BETAS
 
     SCHEDULE_FREE = True  # a run holds the lr constant after the warmup (training/run_config.py)
     GROUP_STATE = ("k", "lr_max", "weight_sum", "train_mode")

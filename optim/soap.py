@@ -30,6 +30,7 @@ from torch import Tensor
 from . import sharding
 from .base import Optimizer, step_counter
 from .muon import matrix_rows
+from .protocol import ADAM_BETAS
 
 # A matrix's two sides: (its statistic, its eigenbasis, the dim of a block it spans).
 SIDES = (("L", "Q_L", -2), ("R", "Q_R", -1))
@@ -70,6 +71,7 @@ class SOAP(Optimizer):
     kept steps is a host decision.
     """
 
+    BATCH_DECAYS = ADAM_BETAS  # (shampoo_beta -1, the default, follows beta2)
     USES_FUSED_OPERATIONS = False  # torch code: matrix products, eigh and QR
     FLAGS = ("correct_bias",)
 

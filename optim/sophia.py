@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from . import sharding
 from .base import Optimizer, step_counter, zeros_like
-from .protocol import GradientFn, LossFn
+from .protocol import ADAM_BETAS, GradientFn, LossFn
 
 
 class SophiaG(Optimizer):
@@ -34,6 +34,8 @@ class SophiaG(Optimizer):
     0.1-0.5) and ``hessian_norm`` (the norm of h: a blow-up or collapse of the curvature estimate
     shows in it before the loss diverges).
     """
+
+    BATCH_DECAYS = ADAM_BETAS  # (beta2 the Hessian EMA's, per Hessian step)
 
     _ATTRIBUTES = (*Optimizer._ATTRIBUTES, "batch_tokens", "hessian_interval")
 

@@ -193,13 +193,13 @@ def describe(trainer) -> str:
     config, m, model = trainer.config, trainer.model_config, trainer.model
     return (f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
             f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
-            f"{config.micro_batch_size} x {trainer.grad_accum}; {trainer.dtype} on {trainer.device} "
+            f"{config.micro_batch_size} x {trainer.batches.accumulation}; {trainer.dtype} on {trainer.device} "
             f"({torch.get_num_threads()} threads); optimizer {config.optimizer}, compile {config.compile}")
 
 
 def throughput(trainer, step_ms: float, peak: float) -> tuple[float, float, str]:
     """(tokens/s, training FLOP/s by the model's flops_per_token, both in words) of steps of step_ms."""
-    tokens_per_s = trainer.schedule.tokens_per_step(trainer.step) / (step_ms / 1e3)
+    tokens_per_s = trainer.batches.schedule.tokens_per_step(trainer.step) / (step_ms / 1e3)
     flops = trainer.model.flops_per_token() * tokens_per_s
     nominal = trainer.parts.find(Speed).peak_flops
     words = (f"{tokens_per_s:,.0f} tokens/s; {flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a "

@@ -8,7 +8,26 @@ whose smoothed final loss keeps up with every smaller one's (L_k <= L_j + epsilo
 and B* = k* x B is the critical batch there. With several seeds (seed s reads the stream from s x
 branch_tokens past the parent's position, so the multipliers of one seed see the same tokens) the
 differences L_k - L_j are paired by seed, and a second rule reads their 95% interval: k falls
-behind j when the whole interval lies above epsilon.
+behind j when the whole interval lies above epsilon. Both rules compare k with every smaller
+multiplier of K, the fractions included (the paper's rule); the table also gives k* over k >= 1
+only, since the fractions' branches (many small steps) are the noisiest references and pull k* down.
+
+**A branch is at least as long as its optimizer's memory.** A branch at k != 1 starts from the
+parent's optimizer state, averaged at batch B, and its averages forget it over 1 / (1 - beta)
+steps (beta2 0.95: 20 steps); a branch shorter than that ends inside that transient, and its loss
+measures the state's adjustment to the new batch, not the batch. So ``plan`` refuses a branch at
+k != 1 with fewer steps than the memory of any decay it trains with (Adam's beta1 and beta2,
+Muon's momentum, after any half-life scaling: beta ** k), naming the branch, its steps, the decay
+and the fixes (more branch tokens, smaller multipliers, or the decays at their half-life in
+tokens, which shortens their memory at a larger batch). A refusal, not a warning: the branches
+train for minutes to hours before the table says anything, a warning among their logs goes unread,
+and the table cannot say afterwards that a k* came from a transient. The k = 1 branch is the
+parent's own continuation (nothing changed for its state to adjust to), so it is exempt.
+
+The ramp (``ramp``, Merrill et al.'s batch warmup) is planned from the parent's measurements at
+every checkpoint branched, in turn: at each, the batch doubles when B* >= 2 x the ramp's batch
+there. It never halves: where the measured B* falls back below the ramp's batch the ramp runs above
+it, and ``tokens_above`` says over how many of its tokens.
 
 Each branch is a run folder, RUN/branches/step_<step>/k<k>_s<seed>, that starts from a copy of the
 parent's checkpoint (its loader position moved by the seed's offset) and resumes it with the
@@ -33,7 +52,7 @@ from atomic import atomic_write
 from configs import SCALINGS, ConfigError, TrainConfig, load_config
 from study.runs import BRANCH_FILE, BRANCHES, Run, Summary, is_branch, read_records, summary
 from study.sweep import ROOT
-from training.batch_schedule import BatchSchedule, half_life_betas
+from training.batch_schedule import BatchSchedule, followed_decays, half_life_betas
 from training.checkpoint import NUMBERED, RECORDED, Checkpoint, numbered, save_in
 
 BRANCH_FOLDER = re.compile(r"k([0-9.e+-]+)_s(\d+)")  # a branch's folder: k<multiplier>_s<seed>
@@ -111,6 +130,10 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
             raise too_late[-1]
         batch = schedule.phase(step).batch
         scale = SCALINGS[parent.batch_lr_scaling](schedule.ratio(step))  # a scheduled parent's lr there
+        # ... and its decays there (its batch_half_life_betas', at its phase's batch): each branch's from
+        # these, so that the k = 1 branch continues the parent.
+        decays = half_life_betas(parent, schedule.ratio(step), followed_decays(parent))
+        at_step = dataclasses.replace(parent, **decays)
         for multiplier in multipliers:
             branch_batch = multiplier * batch
             if not float(branch_batch).is_integer() or branch_batch % world_size:
@@ -135,10 +158,13 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
                     checkpoint_interval=max(1, branch_steps // 4), keep_checkpoints=1, permanent_checkpoint_interval=0,
                     zero_shot_tasks="", zero_shot_interval=0, sample_tokens=0, wandb_mode="disabled",
                     run_name=folder.name, out_dir=str(folder.parent), resume="auto", overwrite=False,
-                    **half_life_betas(parent, multiplier, betas))
+                    **{**decays, **half_life_betas(at_step, multiplier, betas)})
                 config = dataclasses.replace(parent, **changes)
                 differing = sorted(key for key in RECORDED if getattr(config, key) != checkpoint.config.get(key))
                 config = resolve_config(dataclasses.replace(config, allow_changes=",".join(differing))).config
+                if multiplier != 1:  # (k = 1 continues the parent: no transient)
+                    check_length(config, step, multiplier, branch_steps, betas,
+                                 math.lcm(*(int(k * batch) * block for k in multipliers)))
                 branches.append(Branch(step, multiplier, seed, config, folder, batch))
     if too_late and not branches:  # (every checkpoint was too near the end: the earliest says so)
         raise too_late[0]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import optim
 from atomic import atomic_write
 from configs import SCALINGS, ConfigError, TrainConfig, load_config
 from eval.tasks import check_zero_shot
@@ -169,9 +170,10 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
             name = point_name(chosen) or "base"
             config = resolve_config(dataclasses.replace(config, **changes, run_name=name, out_dir=str(out),
                                                         resume="auto", overwrite=False)).config
-            if betas:  # (of the resolved values: the published ones are the base batch's)
+            if betas:  # (of the resolved values: the published ones are the base batch's; each its optimizer's)
+                own = tuple(name for name in betas if name in optim.batch_decays(config.optimizer))
                 config = resolve_config(dataclasses.replace(
-                    config, **half_life_betas(config, config.batch_size / base_batch, betas))).config
+                    config, **half_life_betas(config, config.batch_size / base_batch, own))).config
             if config.zero_shot_tasks:  # (the hub's data is fetched when a point starts)
                 check_zero_shot(config.zero_shot_tasks, config.zero_shot_data_dir)
             # A warmup longer than the run, or a batch that does not divide over the ranks: here, not at launch.
@@ -183,6 +185,10 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
                      else f"the base config {base}")
             raise ConfigError(f"{where}: {error}") from error
         points.append(Point(name, config, chosen, out / name))
+    declared = {name for p in points for name in optim.batch_decays(p.config.optimizer)}
+    if set(betas) - declared:
+        raise ConfigError(f"the decays {', '.join(sorted(set(betas) - declared))} belong to none of the grid's "
+                          f"optimizers: give decays they declare ({', '.join(sorted(declared)) or 'none'})")
     names = [p.name for p in points]
     if len(set(names)) != len(names):
         raise ConfigError("two points of the grid get the same name: give each --grid key distinct values")

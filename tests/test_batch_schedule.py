@@ -17,6 +17,7 @@ from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
 from training.batch_schedule import BatchSchedule, Phase, half_life_betas
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.parts import Part, Step
+from training.run_config import resolve_config
 from training.schedule import LrSchedule, decay_steps
 
 BLOCK = 32  # TINY_RUN's
@@ -90,8 +91,32 @@ def test_the_schedule_keys_parse_and_are_checked():
     assert TrainConfig(**json.loads(json.dumps(config.to_dict()))) == config
     with pytest.raises(ConfigError, match=r"batch_lr_scaling='cubic': use 'sqrt', 'linear', 'none'"):
         TrainConfig(max_steps=1, batch_lr_scaling="cubic")
-    with pytest.raises(ConfigError, match=r"batch_half_life_betas='beta2,gamma': gamma is not a decay"):
-        TrainConfig(max_steps=1, batch_half_life_betas="beta2,gamma")
+    with pytest.raises(ConfigError, match=r"batch_half_life_betas='beta2;gamma': give decay names, comma-separated"):
+        TrainConfig(max_steps=1, batch_half_life_betas="beta2;gamma")
+
+
+@pytest.mark.parametrize("optimizer, names, error", [
+    ("adamw", "beta2,gamma", r"gamma: optimizer 'adamw' has no such decay .*its decays are beta1, beta2$"),
+    ("adamw", "beta3", r"beta3: optimizer 'adamw' has no such decay"),
+    ("mars", "momentum", r"momentum: optimizer 'mars' has no such decay .*beta1, beta2, adamw_beta1, adamw_beta2$"),
+])
+def test_a_decay_its_optimizer_does_not_declare_is_refused_at_resolution(optimizer, names, error):
+    config = TrainConfig(max_steps=1, optimizer=optimizer, batch_half_life_betas=names)
+    with pytest.raises(ConfigError, match=error):
+        resolve_config(config)
+
+
+def test_the_declared_decays_scale_by_the_half_life_rule_where_each_lives():
+    # beta ** ratio for each named decay, in the config key its optimizer keeps it under; the rest untouched.
+    mars = resolve_config(TrainConfig(max_steps=1, optimizer="mars", lr=1e-3)).config
+    changes = half_life_betas(mars, 3.0, ("beta2", "adamw_beta1"))
+    assert changes["beta2"] == mars.beta2 ** 3.0 and "beta1" not in changes
+    adamw_betas = mars.optimizer_options["adamw_betas"]
+    assert changes["optimizer_options"] == {**mars.optimizer_options,
+                                            "adamw_betas": (adamw_betas[0] ** 3.0, adamw_betas[1])}
+    ademamix = resolve_config(TrainConfig(max_steps=1, optimizer="ademamix", lr=1e-3)).config
+    assert half_life_betas(ademamix, 0.5, ("beta3",)) == {
+        "optimizer_options": {**ademamix.optimizer_options, "beta3": ademamix.optimizer_options["beta3"] ** 0.5}}
 
 
 # --- the lr schedule in tokens ---
@@ -176,7 +201,10 @@ def base_args(data, out, name, optimizer, *extra):
             "--eval_interval=4", "--lr=0.01", "--min_lr=0.001", *extra]
 
 
-HALF_LIFE = {"sophiag": "beta1,beta2", "muon": "beta2,momentum"}  # (Muon: its AdamW's beta2, its momentum)
+# Every decay each optimizer declares (optim.batch_decays) follows the batch in some case: Muon's AdamW's
+# beta2 and its momentum, AdEMAMix's beta3, MARS's AdamW part's betas beside its own.
+HALF_LIFE = {"muon": "beta2,momentum", "dmuon": "momentum", "ademamix": "beta1,beta2,beta3",
+             "mars": "beta1,beta2,adamw_beta1,adamw_beta2"}
 OPTIONS = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"],  # a Hessian pass at the boundary
            # (AdEMAMix's warmups in steps: "over the run" is another length in the by-hand run's first half.)
            "ademamix": ["--optimizer_options={'alpha_warmup': 6, 'beta3_warmup': 6}"],
@@ -193,7 +221,8 @@ def by_hand_changes(first_half_config: dict, scaled: str) -> list[str]:
     overrides = ["--batch_size=8", f"--lr={config.lr * factor!r}", f"--min_lr={config.min_lr * factor!r}",
                  *(f"--{key}={value!r}" for key, value in changes.items())]
     if config.optimizer_options.get("adamw_lr") is not None:  # (MARS's: a ratio of lr the schedule keeps)
-        options = {**config.optimizer_options, "adamw_lr": config.optimizer_options["adamw_lr"] * factor}
+        options = {**changes.get("optimizer_options", config.optimizer_options),
+                   "adamw_lr": config.optimizer_options["adamw_lr"] * factor}
         overrides.append(f"--optimizer_options={options!r}")
         changes = {**changes, "optimizer_options": options}
     return [*overrides, f"--allow_changes=batch_size,lr,min_lr,{','.join(changes)}"]

@@ -353,3 +353,24 @@ def test_the_command_killed_in_a_branch_resumes_and_prints_the_table(parent, bra
         own, uninterrupted = (Checkpoint.load(r / "branches" / "step_00000008" / name / "ckpt.pt")
                               for r in (run, whole))
         assert all(torch.equal(own.model[k], uninterrupted.model[k]) for k in own.model)
+
+
+def test_the_k1_branch_of_a_scheduled_parent_continues_it_bitwise(byte_shards, tmp_path):
+    # A parent whose batch doubles (4 -> 8 at 512 tokens: step 4) with its lr by sqrt and its betas at
+    # their half-life (beta ** 2 from then on): a branch from step 12 takes the phase's batch, lr and
+    # betas, not the first phase's, so the k = 1 branch is the parent's continuation, bitwise.
+    scheduled = {"--run_name": "scheduled", "--batch_size": "4", "--batch_schedule": "[(0, 4), (512, 8)]",
+                 "--batch_half_life_betas": "beta1,beta2", "--extra_parts": "''"}
+    args = [arg for arg in PARENT if arg.split("=")[0] not in scheduled]
+    train_here(*args, *(f"{key}={value}" for key, value in scheduled.items()), f"--data_dir={byte_shards}",
+               f"--out_dir={tmp_path}")
+    run = tmp_path / "scheduled"
+    [branch] = cbs.plan(run, [12], [1.0], 1024, "sqrt", (), [0])
+    betas = (0.9 ** 2.0, 0.95 ** 2.0)  # (adamw's published betas, at twice the first batch)
+    assert (branch.config.batch_size, (branch.config.beta1, branch.config.beta2)) == (8, betas)
+    branch_here(run, steps=(12,), multipliers=(1.0,), seeds=(0,))
+    own, theirs = Checkpoint.load(branch.folder / "ckpt.pt"), Checkpoint.load(run / "ckpt_00000016.pt")
+    assert own.step == theirs.step == 16
+    assert all(torch.equal(own.model[k], theirs.model[k]) for k in theirs.model)
+    for key, state in theirs.optimizer["state"].items():
+        assert all(torch.equal(own.optimizer["state"][key][name], value) for name, value in state.items())

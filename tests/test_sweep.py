@@ -180,6 +180,9 @@ def test_half_life_beta_scaling_keeps_each_decay_s_half_life_in_tokens(tmp_path,
     muon = scaled["muon", 64].optimizer_options["momentum"]  # Muon's momentum 0.95 published, x4 the tokens
     assert muon == pytest.approx(0.95 ** 4, rel=1e-12)
     assert scaled["adamw", 64].beta2 == pytest.approx(0.95 ** 4, rel=1e-12)  # AdamW's published beta2 0.95
+    with pytest.raises(ConfigError, match=r"the decays beta3 belong to none of the grid's optimizers: give decays "
+                                          r"they declare \(beta1, beta2, momentum\)"):
+        plan(str(base), grid, [], tmp_path, "none", "none", base_batch=16, betas=("beta2", "beta3"))
     result = sweep(base, "--name=betas", f"--out-dir={tmp_path}", "--grid=batch_size=4,16", "--base-batch=16",
                    "--beta-scaling=half-life", "--dry-run")
     assert rows(result.stdout)["b4"]["beta2"] == f"{0.95 ** 0.25:.6g}"

@@ -13,8 +13,10 @@ What follows the batch (docs/batch.md):
   batch must divide by it;
 * the lr and min_lr, by ``batch_lr_scaling``: multiplied by ``sqrt(B / B0)`` (the default, Adam's
   rule), ``B / B0`` ("linear") or not at all ("none"), B0 the schedule's first batch;
-* the decays named in ``batch_half_life_betas`` (Adam's beta2, beta1, Muon's momentum), held at a
-  fixed half-life in tokens (Marek et al. 2025): ``beta ** (B / B0)``;
+* the decays named in ``batch_half_life_betas``, held at a fixed half-life in tokens (Marek et al.
+  2025): ``beta ** (B / B0)``. Each optimizer declares which of its decays may follow the batch
+  (``BATCH_DECAYS``, optim/protocol.py: Adam's beta1 and beta2, Muon's momentum, AdEMAMix's beta3,
+  MARS's adamw_beta1 and adamw_beta2, ...); a name it does not declare is refused;
 * the lr schedule, which runs in tokens (training/schedule.py), so a ramp does not stretch it;
 * what the optimizer and the parts scale by the batch: Sophia-G's Hessian scale and the batch of
   its Hessian pass, the noise scale's big batch.
@@ -22,6 +24,7 @@ What follows the batch (docs/batch.md):
 The data order does not depend on the batch: the loader's global stream hands out the next
 micro-batches whatever the accumulation (data/loader.py). So a scheduled run equals a run
 stopped at a change and resumed by hand with the new batch, lr and decays (tests/test_batch_schedule.py).
+``BatchPlan`` sets all of it, from one place, for a run, a resume and a branch (study/cbs.py).
 
 A checkpoint records the phases (``Checkpoint.batch_phases``). A resume keeps those that began
 at or before its step and plans the rest from the config's schedule, which may so change on
@@ -31,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from configs import ConfigError, TrainConfig
+import optim
+from configs import SCALINGS, ConfigError, TrainConfig
 from training.schedule import LrSchedule, decay_steps
 
 
@@ -137,19 +141,6 @@ class BatchSchedule:
                           decay_start=self.tokens(decay_start), lr=config.lr, min_lr=config.min_lr,
                           kind=config.lr_schedule)
 
-    def set_optimizer(self, optimizer, config: TrainConfig, step: int) -> None:
-        """Give ``optimizer`` the batch of the step after ``step`` steps: its tokens (Sophia-G's
-        Hessian scale) and, by ``config.batch_half_life_betas``, the decays at their half-life in
-        tokens (beta ** (B / B0)), in every param group that has them."""
-        optimizer.set_batch_tokens(self.tokens_per_step(step))
-        if config.batch_half_life_betas:
-            decays = half_life_betas(config, self.ratio(step), tuple(config.batch_half_life_betas.split(",")))
-            for group in optimizer.param_groups:
-                if "betas" in group:
-                    group["betas"] = (decays.get("beta1", config.beta1), decays.get("beta2", config.beta2))
-                if "momentum" in group and "optimizer_options" in decays:
-                    group["momentum"] = decays["optimizer_options"]["momentum"]
-
     def state_dict(self) -> list[list[int]]:
         return [[p.step, p.tokens, p.batch] for p in self.phases]
 
@@ -158,16 +149,94 @@ class BatchSchedule:
         return [Phase(*p) for p in phases]
 
 
-def half_life_betas(config: TrainConfig, ratio: float, betas: tuple[str, ...]) -> dict:
-    """The changes to ``config`` that keep the half-life of ``betas`` (each of BETAS the config
-    has: the resolved beta1 and beta2, Muon's momentum) fixed in tokens when the tokens a step
-    grow by ``ratio`` (Marek et al. 2025): beta ** ratio."""
-    changes = {key: getattr(config, key) ** ratio for key in betas
-               if key in ("beta1", "beta2") and getattr(config, key) is not None}
-    if "momentum" in betas and "momentum" in config.optimizer_options:
-        changes["optimizer_options"] = {**config.optimizer_options,
-                                        "momentum": config.optimizer_options["momentum"] ** ratio}
-    return changes
+def half_life_betas(config: TrainConfig, ratio: float, names: tuple[str, ...]) -> dict:
+    """The changes to ``config`` (resolved: every decay has its value) that keep the half-life in
+    tokens of the decays ``names`` fixed when the tokens a step grow by ``ratio`` (Marek et al.
+    2025): beta ** ratio, each decay where its optimizer declares it (``optim.batch_decays``: beta1
+    and beta2 are the config's, the others its optimizer_options')."""
+    declared = declared_decays(config, names)
+    changes, options = {}, dict(config.optimizer_options)
+    for name in names:
+        key, index = declared[name]
+        if key == "betas":  # (the config's beta1 and beta2)
+            if getattr(config, f"beta{index + 1}") is not None:
+                changes[f"beta{index + 1}"] = getattr(config, f"beta{index + 1}") ** ratio
+        elif key in options:
+            options[key] = with_decay(options[key], index, decay_of(options[key], index) ** ratio)
+    return {**changes, **({"optimizer_options": options} if options != config.optimizer_options else {})}
+
+
+def followed_decays(config: TrainConfig) -> tuple[str, ...]:
+    """The decays ``config`` holds at a fixed half-life in tokens (its ``batch_half_life_betas``)."""
+    return tuple(name for name in config.batch_half_life_betas.split(",") if name)
+
+
+def declared_decays(config: TrainConfig, names: tuple[str, ...]) -> dict[str, tuple[str, int | None]]:
+    """Of the decays ``config``'s optimizer declares, those named (a ConfigError for another name)."""
+    declared = optim.batch_decays(config.optimizer)
+    unknown = [name for name in names if name not in declared]
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: optimizer {config.optimizer!r} has no such decay to hold at a "
+                          f"half-life in tokens; its decays are {', '.join(declared) or 'none'}")
+    return {name: declared[name] for name in names}
+
+
+def decay_of(value, index: int | None) -> float:
+    """The decay a declared (key, index) names in its key's ``value``: the number, or ``value[index]``."""
+    return value if index is None else value[index]
+
+
+def with_decay(value, index: int | None, decay: float):
+    """``value`` with the decay at ``index`` (None: the number itself) replaced by ``decay``."""
+    return decay if index is None else tuple(decay if i == index else v for i, v in enumerate(value))
+
+
+class BatchPlan:
+    """What follows the batch in a run, set from one place: train.py calls ``before_step`` before
+    each optimizer step, and a resume or a branch gives it the schedule it trains by (``follow``).
+    When a phase begins: its gradient accumulation, what the optimizer scales by the batch
+    (Sophia-G's Hessian scale) and the decays named by ``batch_half_life_betas`` (beta ** (B / B0),
+    each where its optimizer declares it, from the value it was built with); every step: the lr of
+    the step's tokens, its peak by ``batch_lr_scaling``."""
+
+    def __init__(self, config: TrainConfig, optimizer, world_size: int):
+        self.config, self.optimizer, self.world_size = config, optimizer, world_size
+        # (group number, key, index, the decay built with: the config's, for its first batch B0). By
+        # number: loading a checkpoint replaces the optimizer's group dicts.
+        self.decays = [(number, key, index, decay_of(group[key], index))
+                       for key, index in declared_decays(config, followed_decays(config)).values()
+                       for number, group in enumerate(optimizer.param_groups) if key in group]
+
+    def follow(self, schedule: BatchSchedule, step: int = 0) -> None:
+        """Train by ``schedule`` from after ``step`` steps: the run's length, its lr schedule in
+        tokens, the batch of the next step."""
+        config = self.config
+        schedule.check_divisible(config.micro_batch_size, self.world_size, from_step=step)
+        self.schedule = schedule
+        self.total_steps, self.warmup_steps = schedule.lengths(config)
+        self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
+        self.phase = None  # the phase the run trains in
+        self.enter_phase(step)
+
+    def enter_phase(self, step: int) -> None:
+        """Take the step after ``step`` steps with its phase's batch, if it does not yet."""
+        phase = self.schedule.phase_index(step)
+        if phase == self.phase:
+            return
+        self.phase, ratio = phase, self.schedule.ratio(step)
+        self.accumulation = self.schedule.accumulation(step, self.config.micro_batch_size, self.world_size)
+        self.optimizer.set_batch_tokens(self.schedule.tokens_per_step(step))
+        for number, key, index, built in self.decays:
+            group = self.optimizer.param_groups[number]
+            group[key] = with_decay(group[key], index, built ** ratio)
+
+    def before_step(self, step: int, tokens: int) -> None:
+        """Set the step after ``step`` steps (``tokens`` trained): its phase, then its lr."""
+        self.enter_phase(step)
+        lr = self.lr_schedule(tokens, self.schedule.tokens_per_step(step),
+                              scale=SCALINGS[self.config.batch_lr_scaling](self.schedule.ratio(step)))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
 
 def run_lengths(config: TrainConfig) -> tuple[int, int]:

@@ -129,9 +129,9 @@ class TrainLoss(Part):
         record = {"train/loss": distributed.all_reduce_mean(run.loss_window.pop_mean(), run.ctx).item(),
                   "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": run.grad_norm.item()}
         taken = step.number - 1
-        record.update({"batch/size": run.schedule.phase(taken).batch,
-                       "batch/tokens_per_step": run.schedule.tokens_per_step(taken),
-                       "batch/phase": run.schedule.phase_index(taken)})
+        record.update({"batch/size": run.batches.schedule.phase(taken).batch,
+                       "batch/tokens_per_step": run.batches.schedule.tokens_per_step(taken),
+                       "batch/phase": run.batches.schedule.phase_index(taken)})
         if run.config.nonfinite == "skip":
             record["skipped_steps"] = run.nonfinite.skipped
         return record
@@ -156,7 +156,7 @@ class Speed(Part):
         self.since, self.tokens = time.perf_counter(), 0
 
     def after_step(self, step) -> None:
-        self.tokens += self.run.schedule.tokens_per_step(step.number - 1)
+        self.tokens += self.run.batches.schedule.tokens_per_step(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":

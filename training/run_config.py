@@ -20,6 +20,7 @@ import torch
 import optim
 from configs import ConfigError, TrainConfig
 from optim.backends import check_setting
+from training.batch_schedule import declared_decays, followed_decays
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,11 @@ def resolve_config(config: TrainConfig) -> RunConfig:
                           "install a CUDA build of torch")
 
     if (config.beta1, config.beta2) != (None, None):  # one beta set: the other keeps its unset value
+        if "betas" not in settings.entries:
+            decays = ", ".join(optim.batch_decays(config.optimizer)) or "none"
+            raise ConfigError(f"beta1={config.beta1}, beta2={config.beta2}: optimizer {config.optimizer!r} has no "
+                              f"betas (its decays: {decays}); set its own options in optimizer_options, e.g. "
+                              f"optimizer_options={{'momentum': 0.9}} for sgd")
         unset = settings["betas"][0]
         betas = (unset[0] if config.beta1 is None else config.beta1, unset[1] if config.beta2 is None else config.beta2)
         settings = optim.Settings(settings.optimizer, {**settings.entries, "betas": (betas, "set")})
@@ -76,4 +82,5 @@ def resolve_config(config: TrainConfig) -> RunConfig:
     resolved = dataclasses.replace(config, lr=values.pop("lr"), weight_decay=values.pop("weight_decay", None),
                                    eps=values.pop("eps", None), beta1=betas[0], beta2=betas[1],
                                    optimizer_options=values)
+    declared_decays(resolved, followed_decays(resolved))  # (a name its optimizer does not declare: refused)
     return RunConfig(resolved, settings)
