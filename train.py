@@ -11,7 +11,6 @@ number of ranks, so the same config optimizes identically on 1 or 64 GPUs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from contextlib import contextmanager, nullcontext
@@ -21,7 +20,7 @@ import torch
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from configs import load_config, save_config, usage
+from configs import command_line_config, save_config, usage
 from data.loader import ShardTokenError, TokenLoader
 from data.shards import verify_manifest
 from data.tokenizer import get_tokenizer
@@ -80,7 +79,7 @@ class Trainer:
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
             batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],
             zero_redundancy=self.layout.zero_redundancy)
-        self.batches = BatchPlan(config, self.optimizer, self.ctx.world_size)  # what follows the batch, step by step
+        self.batches = BatchPlan(config, block, self.optimizer, self.ctx.world_size)  # what follows the batch
         self.batches.follow(schedule)  # (the run's length; the first step's accumulation and decays)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
@@ -131,7 +130,7 @@ class Trainer:
             if self.pending_evaluation:
                 self.save_checkpoint()  # (the record: the evaluation done, or pending still)
                 if self.state.evaluating:  # stopped again: it stays pending, nothing trains before it
-                    self.say_stopped()
+                    self.signals.announce_stop(self.ctx.rank, self.step, self.state.evaluating)
                     return
         while self.step < last_step:
             number = self.step + 1
@@ -150,17 +149,10 @@ class Trainer:
             if self.step == last_step or stop or interval:
                 self.save_checkpoint()
             if stop:
-                self.say_stopped()
+                self.signals.announce_stop(self.ctx.rank, self.step, self.state.evaluating)
                 break
         if self.step == self.batches.total_steps and not self.state.evaluating:
             self.parts.call("finish")
-
-    def say_stopped(self) -> None:
-        """The stop, saved: with the evaluation it left pending, which any resume runs first."""
-        pending = (f", with step {self.state.evaluating}'s evaluation pending (any resume runs it first)"
-                   if self.state.evaluating else "")
-        tqdm.write(f"rank {self.ctx.rank}: {self.signals.received or 'SIGTERM'} received, saved step {self.step}"
-                   f"{pending}, exiting")
 
     def train_step(self, step: Step) -> torch.Tensor:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
@@ -283,10 +275,7 @@ class Trainer:
 
     def restore(self):
         checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
-        # The phases up to the checkpoint's step are the run's record, the rest the config's.
-        self.batches.follow(BatchSchedule.of(self.config, self.model_config.block_size,
-                                             BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step),
-                            checkpoint.step)
+        self.batches.resume(checkpoint)
         self.state.schedule = self.batches.schedule
         changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path,
                                                self.batches.total_steps)
@@ -294,12 +283,7 @@ class Trainer:
         self.state.changes += changes  # (each named by allow_changes)
         self.checkpoint_steps.append(self.step)
         if self.state.evaluating:  # the evaluations due at that step as it was trained (its final one, or not)
-            # The settings it was trained with: those before the changes made from it on (the earliest's "from").
-            made_here = [change for change in self.state.changes if change["step"] == self.step]
-            trained_with = dataclasses.replace(self.config, **{c["key"]: c["from"] for c in reversed(made_here)})
-            schedule = BatchSchedule.of(trained_with, self.model_config.block_size,
-                                        BatchSchedule.recorded(checkpoint.batch_phases), checkpoint.step)
-            self.pending_evaluation = Step(self.step, final=self.step == schedule.lengths(trained_with)[0])
+            self.pending_evaluation = Step(self.step, final=self.batches.was_final(checkpoint, self.state.changes))
         if self.ctx.is_main:
             print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})" + "".join(
                 f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes)
@@ -318,13 +302,8 @@ def main(argv: list[str]):
     if "-h" in argv or "--help" in argv:
         print(usage(__doc__))
         return
-    if not argv:
-        sys.exit("train.py: no config given: python train.py configs/default.py (a config file), with "
-                 "--key=value overrides if you like; python train.py --help lists the keys")
-    config_path = argv[0] if not argv[0].startswith("--") else None
     try:
-        config = load_config(config_path, argv[1:] if config_path else argv)
-        trainer = Trainer(resolve_config(config))
+        trainer = Trainer(resolve_config(command_line_config(argv)))
     except (ValueError, OSError) as error:  # a bad config, run folder, data folder or checkpoint
         distributed.fail(f"train.py: {error}")
     try:

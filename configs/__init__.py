@@ -491,6 +491,15 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> TrainConf
     return TrainConfig(**values)
 
 
+def command_line_config(argv: list[str]) -> TrainConfig:
+    """train.py's arguments as a config: CONFIG [--key=value ...], or the overrides alone."""
+    if not argv:
+        raise ConfigError("no config given: python train.py configs/default.py (a config file), with --key=value "
+                          "overrides if you like; python train.py --help lists the keys")
+    path = None if argv[0].startswith("--") else argv[0]
+    return load_config(path, argv[1:] if path else argv)
+
+
 def save_config(config: TrainConfig, path: Path, changes: list[dict] = ()):
     """Write ``config`` as JSON, without the invocation's flags (INVOCATION_KEYS): with ``changes``
     (made on resume: step, key, from, to), the settings the run started with and the list of

@@ -32,6 +32,7 @@ resume (``--allow_changes=batch_size`` or ``batch_schedule``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import optim
@@ -199,8 +200,8 @@ class BatchPlan:
     each where its optimizer declares it, from the value it was built with); every step: the lr of
     the step's tokens, its peak by ``batch_lr_scaling``."""
 
-    def __init__(self, config: TrainConfig, optimizer, world_size: int):
-        self.config, self.optimizer, self.world_size = config, optimizer, world_size
+    def __init__(self, config: TrainConfig, block_size: int, optimizer, world_size: int):
+        self.config, self.block_size, self.optimizer, self.world_size = config, block_size, optimizer, world_size
         # (group number, key, index, the decay built with: the config's, for its first batch B0). By
         # number: loading a checkpoint replaces the optimizer's group dicts.
         self.decays = [(number, key, index, decay_of(group[key], index))
@@ -217,6 +218,21 @@ class BatchPlan:
         self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
         self.phase = None  # the phase the run trains in
         self.enter_phase(step)
+
+    def resume(self, checkpoint) -> None:
+        """Train on from ``checkpoint`` (training/checkpoint.py): its phases up to its step are the
+        run's record, the rest the config's."""
+        self.follow(BatchSchedule.of(self.config, self.block_size, BatchSchedule.recorded(checkpoint.batch_phases),
+                                     checkpoint.step), checkpoint.step)
+
+    def was_final(self, checkpoint, changes: list[dict]) -> bool:
+        """Whether ``checkpoint``'s step was its run's last as it was trained: with the settings before
+        the ``changes`` (a run's record) made from that step on, the earliest's "from"."""
+        made_there = [change for change in changes if change["step"] == checkpoint.step]
+        trained_with = dataclasses.replace(self.config, **{c["key"]: c["from"] for c in reversed(made_there)})
+        schedule = BatchSchedule.of(trained_with, self.block_size, BatchSchedule.recorded(checkpoint.batch_phases),
+                                    checkpoint.step)
+        return checkpoint.step == schedule.lengths(trained_with)[0]
 
     def enter_phase(self, step: int) -> None:
         """Take the step after ``step`` steps with its phase's batch, if it does not yet."""
