@@ -45,14 +45,16 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
+import optim
 from atomic import atomic_write
 from configs import SCALINGS, ConfigError, TrainConfig, load_config
 from study.runs import BRANCH_FILE, BRANCHES, Run, Summary, is_branch, read_records, summary
 from study.sweep import ROOT
-from training.batch_schedule import BatchSchedule, followed_decays, half_life_betas
+from training.batch_schedule import BatchSchedule, decay_of, followed_decays, half_life_betas
 from training.checkpoint import NUMBERED, RECORDED, Checkpoint, numbered, save_in
 
 BRANCH_FOLDER = re.compile(r"k([0-9.e+-]+)_s(\d+)")  # a branch's folder: k<multiplier>_s<seed>
@@ -135,17 +137,18 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
         decays = half_life_betas(parent, schedule.ratio(step), followed_decays(parent))
         at_step = dataclasses.replace(parent, **decays)
         for multiplier in multipliers:
-            branch_batch = multiplier * batch
-            if not float(branch_batch).is_integer() or branch_batch % world_size:
-                raise ConfigError(f"multiplier {multiplier:g} of the batch {batch} at step {step} is {branch_batch:g} "
-                                  f"sequences, not a whole number divisible by {world_size} ranks: choose multipliers "
-                                  f"whose batches divide")
-            branch_batch = int(branch_batch)
+            if not float(multiplier * batch).is_integer() or multiplier * batch % world_size:
+                raise ConfigError(f"multiplier {multiplier:g} of the batch {batch} at step {step} is "
+                                  f"{multiplier * batch:g} sequences, not a whole number divisible by {world_size} "
+                                  f"ranks: choose multipliers whose batches divide")
+        whole = math.lcm(*(int(k * batch) * block for k in multipliers))  # tokens: whole steps of every branch
+        for multiplier in multipliers:
+            branch_batch = int(multiplier * batch)
             step_tokens = branch_batch * block
             if branch_tokens % step_tokens:
                 raise ConfigError(f"--branch-tokens {branch_tokens} is not a whole number of steps of the branch "
                                   f"k={multiplier:g} ({branch_batch} x {block} = {step_tokens} tokens a step): use a "
-                                  f"multiple of {math.lcm(*(int(k * batch) * block for k in multipliers)):,}")
+                                  f"multiple of {whole:,}")
             factor = SCALINGS[lr_scaling](multiplier) * scale
             micro = math.gcd(parent.micro_batch_size, branch_batch // world_size)
             branch_steps = branch_tokens // step_tokens
@@ -163,12 +166,50 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
                 differing = sorted(key for key in RECORDED if getattr(config, key) != checkpoint.config.get(key))
                 config = resolve_config(dataclasses.replace(config, allow_changes=",".join(differing))).config
                 if multiplier != 1:  # (k = 1 continues the parent: no transient)
-                    check_length(config, step, multiplier, branch_steps, betas,
-                                 math.lcm(*(int(k * batch) * block for k in multipliers)))
+                    check_length(config, step, multiplier, branch_steps, betas, whole)
                 branches.append(Branch(step, multiplier, seed, config, folder, batch))
     if too_late and not branches:  # (every checkpoint was too near the end: the earliest says so)
         raise too_late[0]
     return branches
+
+
+def decays(config: TrainConfig) -> dict[str, float]:
+    """The decays the resolved ``config`` trains with, by name: each its optimizer declares
+    (optim.batch_decays: beta1 and beta2 are the config's, the others its optimizer_options')."""
+    values = {}
+    for name, (key, index) in optim.batch_decays(config.optimizer).items():
+        if key == "betas":
+            values[name] = getattr(config, f"beta{index + 1}")
+        elif key in config.optimizer_options:
+            values[name] = decay_of(config.optimizer_options[key], index)
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def memory(beta: float) -> float:
+    """The steps a decay ``beta`` remembers, 1 / (1 - beta), rounded up to whole steps (a round
+    memory stays itself: 1 / (1 - 0.95) is 19.999999999999982 in floats, 20 steps)."""
+    return math.ceil(1 / (1 - beta) - 1e-9) if beta < 1 else math.inf
+
+
+def check_length(config: TrainConfig, step: int, multiplier: float, steps: int, scaled: tuple[str, ...],
+                 whole: int) -> None:
+    """Refuse the branch at ``multiplier`` of ``step`` (its resolved ``config``, ``steps`` long)
+    if a decay it trains with remembers more steps than it trains (the module's docstring says why);
+    ``scaled``: the decays already at their half-life in tokens, ``whole``: the tokens that are a
+    whole number of steps of every branch."""
+    short = {name: beta for name, beta in decays(config).items() if memory(beta) > steps}
+    if not short:
+        return
+    name, beta = max(short.items(), key=lambda item: item[1])
+    step_tokens = config.batch_size * config.model_config(1).block_size
+    tokens = math.ceil(memory(beta) * step_tokens / whole) * whole
+    fixes = f"--branch-tokens {tokens:,} or more ({memory(beta)} steps of this branch), smaller multipliers"
+    # The half-life raises each decay to the power k: a shorter memory above the parent's batch.
+    if not set(short) & set(scaled) and all(memory(b ** multiplier) <= steps for b in short.values()):
+        fixes += f", or --beta-scaling half-life --scale-betas {','.join([*scaled, *short])}"
+    raise ConfigError(f"the branch k={multiplier:g} at step {step} trains {steps} step{'s' * (steps != 1)}, fewer "
+                      f"than its {name} {beta:.4g} remembers (1 / (1 - {name}) = {memory(beta)} steps): its loss "
+                      f"would measure the optimizer state's adjustment to the batch, not the batch. Give {fixes}")
 
 
 def write(branches: list[Branch], run_dir: Path, command: str) -> None:
@@ -206,10 +247,12 @@ def check_written(branches: list[Branch]) -> None:
                                   f"{branch.folder.parent.parent} away")
 
 
-def launch_local(branches: list[Branch], nproc: int) -> list[str]:
-    """Train the unfinished branches one after another, in this process (or under torchrun), each
-    writing its output to BRANCH/train.log; returns the names of those that failed."""
-    import train  # (imported once: every branch in this process shares it)
+def launch_local(branches: list[Branch], nproc: int, main: Callable[[list[str]], object]) -> list[str]:
+    """Train the unfinished branches one after another, each writing its output to BRANCH/train.log:
+    in this process by ``main``, train.py's entry point (``train.main``, which the caller above the
+    layers hands down: train.py sits above ``study``; in-process, each branch saves a new
+    interpreter, the torch import and the C++ kernels' load), or under torchrun with ``nproc`` > 1.
+    Returns the names of those that failed."""
     pending = [b for b in branches if b.status() not in ("finished", "diverged")]
     failed = []
     for branch in tqdm(pending, unit="branch", desc="branches"):
@@ -221,7 +264,7 @@ def launch_local(branches: list[Branch], nproc: int) -> list[str]:
             else:
                 try:
                     with redirect_stdout(log), redirect_stderr(log):
-                        train.main([str(branch.file)])
+                        main([str(branch.file)])
                     ok = True
                 except SystemExit as exit:  # (train.py's clear errors)
                     print(exit.code, file=log)

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+import train
 from helpers import ROOT, TINY_RUN, read_metrics, train_here
 from configs import ConfigError, TrainConfig
 from study import cbs
@@ -132,9 +133,12 @@ def test_the_ramp_table_sets_a_ramp_beside_its_constant_batches(tmp_path):
 
 # --- scripts.cbs on a tiny run ---
 # The parent: batch 8 of 32 tokens (256 a step), 24 steps, a kept checkpoint every 4; branches of
-# 1,024 tokens (4 parent steps) at k = 0.5, 1, 2 from steps 8 and 16, seeds 0 and 1.
-PARENT = [*TINY_RUN, "--run_name=parent", "--optimizer=adamw", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2",
-          "--max_steps=24", "--batch_size=8", "--micro_batch_size=4", "--log_interval=4", "--eval_interval=12",
+# 1,024 tokens (4 parent steps) at k = 0.5, 1, 2 from steps 8 and 16, seeds 0 and 1. Its betas remember
+# 2 steps (1 / (1 - 0.5); 1 / (1 - 0.4) rounds up to 2), so that the k = 2 branches, 2 steps long, are
+# long enough (study/cbs.py's rule).
+PARENT = [*TINY_RUN, "--run_name=parent", "--optimizer=adamw", "--beta1=0.4", "--beta2=0.5", "--lr=0.01",
+          "--min_lr=0.001", "--warmup_steps=2", "--max_steps=24", "--batch_size=8", "--micro_batch_size=4",
+          "--log_interval=4", "--eval_interval=12",
           "--checkpoint_interval=4", "--permanent_checkpoint_interval=4", "--keep_checkpoints=1",
           "--extra_parts=test_cbs:KillInABranch"]
 BRANCHING = ["--steps", "8,16", "--multipliers", "0.5,1,2", "--branch-tokens", "1024", "--seeds", "0,1"]
@@ -167,7 +171,7 @@ def branch_here(run, steps=(8, 16), multipliers=(0.5, 1.0, 2.0), branch_tokens=1
         branches = cbs.plan(run, list(steps), list(multipliers), branch_tokens, lr_scaling, (), list(seeds))
         cbs.check_written(branches)
         cbs.write(branches, run, "test")
-        assert cbs.launch_local(branches, nproc=1) == []
+        assert cbs.launch_local(branches, nproc=1, main=train.main) == []
     finally:
         torch.set_num_threads(threads)
     return find_runs([run])
@@ -267,12 +271,56 @@ def test_branches_train_and_measure_the_critical_batch(branched):
     ({"branch_tokens": 1000}, r"--branch-tokens 1000 is not a whole number of steps .* multiple of 512"),
     ({"steps": [24]}, r"the checkpoint of step 24 \(6,144 tokens\) leaves fewer than --branch-tokens 1,024"),
     ({"steps": [9]}, r"has no checkpoint of step 9; its checkpoints are of steps 4, 8, 12, 16, 20, 24"),
+    # k = 2 at 512 tokens is 1 step of 16 x 32 tokens, under the 2 steps the betas remember; the least
+    # branch tokens of 2 such steps, a whole number of steps of every branch (512), is 1,024. Halving the
+    # betas' memory would not do: 0.4 ** 2 still remembers 1 / (1 - 0.16), 2 steps.
+    ({"branch_tokens": 512}, r"^the branch k=2 at step 8 trains 1 step, fewer than its beta2 0.5 remembers "
+                             r"\(1 / \(1 - beta2\) = 2 steps\): its loss would measure the optimizer state's "
+                             r"adjustment to the batch, not the batch. Give --branch-tokens 1,024 or more \(2 steps "
+                             r"of this branch\), smaller multipliers$"),
 ])
 def test_what_cannot_branch_is_refused_with_its_fix(parent, changes, error):
     arguments = {"steps": [8], "multipliers": [0.5, 1, 2], "branch_tokens": 1024, "lr_scaling": "sqrt", "betas": (),
                  "seeds": [0], **changes}
     with pytest.raises(ConfigError, match=error):
         cbs.plan(parent, **arguments)
+
+
+def resolved(optimizer, batch, **settings):
+    from training.run_config import resolve_config
+    return resolve_config(TrainConfig(optimizer=optimizer, batch_size=batch, block_size=64, max_tokens=1_048_576,
+                                      **settings)).config
+
+
+def test_a_branch_shorter_than_its_decays_memory_is_refused_with_the_fixes():
+    # The audit's branch: k = 16 of batch 8 (128 x 64 tokens a step) for 65,536 tokens is 8 steps;
+    # AdamW's beta2 0.95 remembers 1 / 0.05 = 20 steps (19.999999999999982 in floats), beta1 0.9 10.
+    # Fixes: 20 steps = 163,840 tokens (a multiple of 8,192, k = 16's step: whole steps of every
+    # branch of k = 1/4..16), or both betas at their half-life: 0.95 ** 16 = 0.440 remembers
+    # 1 / 0.560 = 1.8 steps, 0.9 ** 16 = 0.185 1.2: 2 steps each, within 8.
+    assert cbs.decays(resolved("adamw", 128)) == {"beta1": 0.9, "beta2": 0.95}
+    assert (cbs.memory(0.95), cbs.memory(0.9), cbs.memory(0.95 ** 16), cbs.memory(0.9 ** 16)) == (20, 10, 2, 2)
+    with pytest.raises(ConfigError) as refused:
+        cbs.check_length(resolved("adamw", 128), 64, 16, 8, (), 8192)
+    assert str(refused.value) == (
+        "the branch k=16 at step 64 trains 8 steps, fewer than its beta2 0.95 remembers (1 / (1 - beta2) = 20 "
+        "steps): its loss would measure the optimizer state's adjustment to the batch, not the batch. Give "
+        "--branch-tokens 163,840 or more (20 steps of this branch), smaller multipliers, or --beta-scaling half-life "
+        "--scale-betas beta1,beta2")
+    # With them at their half-life the branch is long enough; so is k = 1/4 (512 steps: beta2 ** 0.25 = 0.98726
+    # remembers 78.5 steps), and k = 8 at 20 steps, the study's settings.
+    cbs.check_length(resolved("adamw", 128, beta1=0.9 ** 16, beta2=0.95 ** 16), 64, 16, 8, ("beta1", "beta2"), 8192)
+    cbs.check_length(resolved("adamw", 2, beta2=0.95 ** 0.25), 64, 0.25, 512, ("beta2",), 8192)
+    cbs.check_length(resolved("adamw", 64), 64, 8, 20, (), 4096)
+    # Muon's momentum counts as its AdamW part's betas do; with beta2 already at its half-life, the fix keeps
+    # it and adds the two decays still too long (momentum and beta1, the largest named).
+    muon = resolved("muon", 128, beta2=0.95 ** 16)
+    assert cbs.decays(muon) == {"momentum": 0.95, "beta1": 0.9, "beta2": 0.95 ** 16}
+    with pytest.raises(ConfigError, match=r"fewer than its momentum 0.95 remembers \(1 / \(1 - momentum\) = 20 "
+                                          r"steps\).* Give --branch-tokens 163,840 or more \(20 steps of this "
+                                          r"branch\), smaller multipliers, or --beta-scaling half-life --scale-betas "
+                                          r"beta2,momentum,beta1$"):
+        cbs.check_length(muon, 64, 16, 8, ("beta2",), 8192)
 
 
 def final_only(parent, tmp_path):
@@ -366,7 +414,7 @@ def test_the_k1_branch_of_a_scheduled_parent_continues_it_bitwise(byte_shards, t
                f"--out_dir={tmp_path}")
     run = tmp_path / "scheduled"
     [branch] = cbs.plan(run, [12], [1.0], 1024, "sqrt", (), [0])
-    betas = (0.9 ** 2.0, 0.95 ** 2.0)  # (adamw's published betas, at twice the first batch)
+    betas = (0.4 ** 2.0, 0.5 ** 2.0)  # (the parent's betas, at twice the first batch)
     assert (branch.config.batch_size, (branch.config.beta1, branch.config.beta2)) == (8, betas)
     branch_here(run, steps=(12,), multipliers=(1.0,), seeds=(0,))
     own, theirs = Checkpoint.load(branch.folder / "ckpt.pt"), Checkpoint.load(run / "ckpt_00000016.pt")

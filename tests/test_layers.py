@@ -119,3 +119,16 @@ def test_training_does_not_import_the_evaluator():
 def test_optim_imports_neither_training_nor_the_evaluator():
     # The optimizers are a library of their own: the training loop uses them, never the reverse.
     assert importers(import_graph(), "optim", ("training", "eval")) == {}
+
+
+def test_no_library_imports_the_top_layer():
+    # train.py and scripts/ sit on top: a library that needs train.main (study/cbs.py trains branches in
+    # its process) is handed it by the script that calls it.
+    for layer in ("atomic", "configs", "model", "data", "optim", "training", "eval", "hf", "study"):
+        assert importers(import_graph(), layer, ("train", "scripts")) == {}, layer
+
+
+def test_importers_names_the_top_layer_by_module_not_by_prefix():
+    graph = {"study.cbs": {"train", "training.checkpoint"}, "study.plot": {"scripts.cbs"}, "training.loop": set()}
+    assert importers(graph, "study", ("train", "scripts")) == {"study.cbs": ["train"], "study.plot": ["scripts.cbs"]}
+    assert importers(graph, "training", ("train",)) == {}  # (training is not train)
