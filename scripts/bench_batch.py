@@ -75,7 +75,7 @@ def branch_ratio(config: Path, overrides: list[str], folder: Path, steps: int) -
     start = time.perf_counter()
     branches = cbs.plan(parent, [half], [1.0], half * train_tokens(parent), "sqrt", (), [0])
     cbs.write(branches, parent, "bench")
-    quietly(lambda: cbs.launch_local(branches, nproc=1))
+    quietly(lambda: cbs.launch_local(branches, nproc=1, main=train.main))
     branch = time.perf_counter() - start
     shutil.rmtree(folder / "scratch", ignore_errors=True)
     start = time.perf_counter()
