@@ -18,7 +18,7 @@ warmup_steps = 60
 lr_schedule = "cosine"
 
 optimizer = "merit"
-lr = 6.7e-3  # the best of a factor-of-3 grid (docs/results.md); MERIT's step is relative to each weight's scale
+lr = 6.7e-3  # the best of a factor-of-3 grid (docs/results/default_job.md); MERIT's step is relative to each weight's scale
 min_lr = 6.7e-4
 grad_clip = 1.0
 

@@ -2,7 +2,7 @@
 
     python -m scripts.report sweeps/merit-batch --target 3.3 --out report.md
     python -m scripts.report runs/mini_study --report-on heldout/loss   # lrs chosen on val/loss
-    python -m scripts.report docs/demo/runs.tar.xz --out docs/demo/runs.md --update docs/results.md
+    python -m scripts.report docs/demo/runs.tar.xz --out docs/demo/runs.md --update docs/results/default_job.md
 
 Runs are grouped into points (study/runs.py): every config key but the lr and the seeds, named
 by what varies across the runs (the optimizer, its ablation, QK-Norm or QK-Clip, and any other
@@ -27,7 +27,7 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
   checkpoint k* and B* by ``--epsilon`` on the ``--ema``-smoothed losses (and by the interval of
   the paired differences with several seeds), beside the run's live B_simple.
 
-``--update FILE`` rewrites the tables of FILE (docs/results.md) that come from this report: each block
+``--update FILE`` rewrites the tables of FILE (docs/results/*.md) that come from this report: each block
 ``<!-- report: PATH [SELECT_ON REPORT_ON], SECTION -->`` ... ``<!-- end -->`` whose PATH is the one
 path given gets that section's first table (tests/test_doc_numbers.py checks they agree).
 """
