@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import published
+from .adafactor import Adafactor
 from .adamw import adamw
 from .ademamix import AdEMAMix
 from .backends import SETTINGS as BACKENDS
@@ -36,12 +37,14 @@ from .muon import DMuon, Muon
 from .param_groups import param_groups
 from .protocol import GradientFn, LossFn, TrainingHooks
 from .schedulefree import AdamWScheduleFree
+from .sgd import SGD
 from .soap import SOAP
 from .sophia import SophiaG
 
-__all__ = ["AdEMAMix", "AdamWScheduleFree", "BACKENDS", "DMuon", "GradientFn", "LAMB", "Lion", "LossFn", "MARS",
-           "MERIT", "Muon", "Optimizer", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings", "available",
-           "batch_decays", "build", "check_options", "param_groups", "register", "schedule_free", "settings"]
+__all__ = ["AdEMAMix", "Adafactor", "AdamWScheduleFree", "BACKENDS", "DMuon", "GradientFn", "LAMB", "Lion", "LossFn",
+           "MARS", "MERIT", "Muon", "Optimizer", "SGD", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings",
+           "available", "batch_decays", "build", "check_options", "param_groups", "register", "schedule_free",
+           "settings"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -55,6 +58,8 @@ _REGISTRY: dict[str, Callable] = {
     "dmuon": DMuon,  # the 2025 benchmark's Muon
     "soap": SOAP,
     "sophiag": SophiaG,
+    "sgd": SGD,  # Marek et al. 2025's small-batch baselines: torch's SGD and optax's Adafactor
+    "adafactor": Adafactor,
 }
 _COMMON = ("lr", "weight_decay", "betas", "eps", "backend")
 _CONTEXT = ("batch_tokens", "run_steps")  # supplied by the training loop, see build

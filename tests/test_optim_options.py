@@ -30,6 +30,9 @@ TYPES = {  # every hyper-parameter a config or a library call sets, as each cons
     "soap": {**ADAMW, "shampoo_beta": FLOAT, "precondition_frequency": INT, "max_precond_dim": INT,
              "correct_bias": BOOL},
     "sophiag": {**ADAMW, "rho": FLOAT, "hessian_interval": INT},
+    "sgd": {"lr": FLOAT, "weight_decay": FLOAT, "momentum": FLOAT},  # (no betas, no eps)
+    "adafactor": {"lr": FLOAT, "weight_decay": FLOAT, "decay_rate": FLOAT, "min_dim_size_to_factor": INT,
+                  "clipping_threshold": FLOAT_OR_NONE, "param_rms_floor": FLOAT},
 }
 # Per type: values of other types, the words the error gives for it, and values it takes (a float an
 # int, a tuple a list: a config recorded as JSON keeps its tuples as lists).
@@ -52,7 +55,7 @@ def resolve(name: str, option: str, value) -> optim.Settings:
 
 
 def test_the_table_covers_every_option_of_every_registered_optimizer():
-    assert sorted(TYPES) == optim.available() and len(TYPES) == 11
+    assert sorted(TYPES) == optim.available() and len(TYPES) == 13
     for name, types in TYPES.items():
         assert set(optim.settings(name, lr=1e-3).entries) == set(types), name
 

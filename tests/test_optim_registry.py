@@ -90,9 +90,9 @@ def test_a_new_optimizer_trains_through_train_py_by_name(byte_shards, tmp_path, 
 def test_a_registered_optimizer_must_speak_the_loop_protocol(monkeypatch):
     monkeypatch.setattr(optim, "_REGISTRY", dict(optim._REGISTRY))
     monkeypatch.setattr(optim.published, "GPT2", dict(optim.published.GPT2))
-    optim.register("sgd", lambda params, *, lr, weight_decay, backend: torch.optim.SGD(params, lr=lr))
+    optim.register("plain_sgd", lambda params, *, lr, weight_decay, backend: torch.optim.SGD(params, lr=lr))
     with pytest.raises(TypeError, match="builds a SGD, which does not implement optim.TrainingHooks"):
-        optim.build("sgd", [nn.Parameter(torch.ones(2))], lr=0.1, weight_decay=0.0)
+        optim.build("plain_sgd", [nn.Parameter(torch.ones(2))], lr=0.1, weight_decay=0.0)
 
 
 def test_every_backend_implements_each_fused_operation_with_the_declared_signature():
