@@ -26,6 +26,8 @@ CASES = {
     "mars": {"weight_decay": 0.1},  # (MARS on the matrices, its AdamW part on the vector)
     "adamw_schedulefree": {"weight_decay": 0.1},
     "soap": {"weight_decay": 0.1, "precondition_frequency": 3},  # (the flagged step's t = 3: a refresh)
+    "sgd": {"weight_decay": 0.1, "momentum": 0.9},  # (torch's SGD, a momentum buffer)
+    "adafactor": {"min_dim_size_to_factor": 5},  # (6 x 5 factored, 3 x 40 and the vector not; no weight decay)
 }
 
 
@@ -69,7 +71,7 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(case, backend):
-    if case in ("adamw", "muon", "soap") and backend != "torch":
+    if case in ("adamw", "muon", "soap", "sgd", "adafactor") and backend != "torch":
         pytest.skip(f"{case} runs torch's kernels whatever the backend")
     params, twin = _params(), _params()
     opt, plain = _optimizer(case, params, backend), _optimizer(case, twin, backend)
@@ -88,9 +90,10 @@ def test_a_flagged_step_changes_nothing_and_an_unflagged_one_is_the_plain_step(c
     # The C++ kernels and torch's CPU AdamW read a CPU flag on the host (it costs nothing there);
     # LAMB's bias correction and AdEMAMix's schedules read their step counter; Schedule-Free's
     # step count and weight sum are the host's, so it reads the flag there; so does SOAP, whose
-    # eigenbasis refresh every precondition_frequency kept steps is a host decision.
+    # eigenbasis refresh every precondition_frequency kept steps is a host decision; so do torch's
+    # (unfused) SGD and Adafactor's plain torch update.
     on_device = backend != "cpp" and case not in ("adamw", "lamb_bias_correction", "ademamix", "adamw_schedulefree",
-                                                  "soap")
+                                                  "soap", "sgd", "adafactor")
     with no_host_reads() if on_device else nullcontext():
         opt.step_unless(torch.tensor(True))
     _assert_same(_snapshot(params, opt), before)
