@@ -224,7 +224,8 @@ def table(points: list[Point]) -> str:
     for p in points:
         c = p.config
         total, warmup = run_lengths(c)
-        rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", f"{c.beta2:.6g}",
+        beta2 = "-" if c.beta2 is None else f"{c.beta2:.6g}"  # (an optimizer without betas: SGD, Adafactor)
+        rows.append([p.name, c.optimizer, str(c.batch_size), f"{c.lr:.3g}", f"{c.min_lr:.3g}", beta2,
                      str(warmup), str(total), f"{total * c.batch_size * c.model_config(1).block_size:,}", str(c.seed),
                      str(c.data_seed), p.status()])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
