@@ -1,8 +1,9 @@
 """ZeRO-1 and FSDP2 give the parameters of one unsharded process, for every optimizer and MERIT
 ablation on GPT-2, and DDP, ZeRO-1 and FSDP2 for every optimizer on the Llama family (MuonClip and
 soft-capped logits among them); the optimizer state per rank is the partition's share (DDP: the
-whole, on every rank alike); a sharded (DCP) checkpoint saved on 4 ranks resumes on 2 and on 1 and
-continues exactly as the uninterrupted run.
+whole, on every rank alike; what is whole with its parameter, on every rank that holds some of it); a
+sharded (DCP) checkpoint saved on 4 ranks resumes on 2 and on 1 and continues exactly as the
+uninterrupted run (Adafactor's to float32's rounding: its statistics sum over the ranks).
 
 Real gloo processes under torchrun. Every rank computes the same global batch's gradient, so
 the comparison isolates the layout: under DDP and FSDP2 rank 0 alone contributes the gradient (its
