@@ -69,8 +69,15 @@ def test_two_ranks_equal_one_rank_with_accumulation(byte_shards, tmp_path, optim
             assert value == pytest.approx(single_clip[key], rel=1e-5), key
 
 
-@pytest.mark.parametrize("extra", [(), ("--optimizer=muon", "--qk_clip_tau=0.05")])
-def test_resume_continues_bitwise(byte_shards, tmp_path, extra):
+# MERIT (the default), Muon with QK-Clip, and the state of the others: torch's SGD's momentum buffers,
+# Adafactor's row and column statistics (every matrix factored: each has a side of 32) and the vectors'.
+@pytest.mark.parametrize("extra, state", [
+    ((), {"step", "exp_avg", "exp_avg_sq"}),
+    (("--optimizer=muon", "--qk_clip_tau=0.05"), {"momentum_buffer", "step", "exp_avg", "exp_avg_sq"}),
+    (("--optimizer=sgd", "--optimizer_options={'momentum': 0.9}"), {"momentum_buffer"}),
+    (("--optimizer=adafactor", "--optimizer_options={'min_dim_size_to_factor': 32}"),
+     {"step", "exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq"})], ids=["merit", "muon", "sgd", "adafactor"])
+def test_resume_continues_bitwise(byte_shards, tmp_path, extra, state):
     common = ("--max_steps=8", "--batch_size=4", "--micro_batch_size=2", "--dropout=0.1", "--checkpoint_interval=3",
               *extra)
     train_here(*args(byte_shards, tmp_path, "--run_name=straight", *common))
@@ -80,7 +87,8 @@ def test_resume_continues_bitwise(byte_shards, tmp_path, extra):
 
     straight, split = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert [r["step"] for r in split if "train/loss" in r] == list(range(1, 9))  # no gap, no duplicate
-    muon = ("qk_clip/min_factor/layer_00", "update_rms/transformer.h.1.mlp.c_fc.weight") if extra else ()
+    muon = (("qk_clip/min_factor/layer_00", "update_rms/transformer.h.1.mlp.c_fc.weight")
+            if "--optimizer=muon" in extra else ())
     for key in ("train/loss", "val/loss", "max_logit/layer_01", "attn_entropy/layer_01/head_01", "output/log_z",
                 "update_ratio/layer_01/attn_q", "noise_scale/b_simple", *muon):  # (the noise scale's EMA is checkpointed)
         values = [r[key] for r in straight if key in r]
@@ -89,8 +97,10 @@ def test_resume_continues_bitwise(byte_shards, tmp_path, extra):
     for name in a.model:
         assert torch.equal(a.model[name], b.model[name]), name
     assert a.train_loader == b.train_loader
+    assert a.optimizer["state"].keys() == b.optimizer["state"].keys()
+    assert {key for x in a.optimizer["state"].values() for key in x} == state
     for x, y in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
-        assert all(torch.equal(x[k], y[k]) for k in x)
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 @pytest.mark.slow  # torchrun, 2 gloo ranks
