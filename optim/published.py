@@ -49,6 +49,18 @@ AdamW's settings: a reproduction bug. Sources (docs/optimizers.md):
   1.0 (scripts/paper_configs.py says why). The authors' defaults (``schedulefree`` 1.4.1) differ: lr
   0.0025, betas (0.9, 0.999), no weight decay, no warmup; their README recommends a warmup and beta1
   0.95 or 0.98 for very long runs.
+* SGD and Adafactor: Marek et al. 2025 ("Small Batch Size Training for Language Models: When
+  Vanilla SGD Works, and Why Gradient Accumulation is Wasteful", NeurIPS 2025; martin-marek/batch-size,
+  pretraining/optimizer.py, configs/base.yaml and runs/gpt2s/optimizer_comp/final_configs.sh): GPT-2
+  Small (124M) on FineWeb at 20 tokens per parameter, tuned per optimizer at batch 1 (and AdamW at
+  512), a linear warmup from 0 over 5% of the steps, then cosine to 0, no gradient clipping, weight
+  decay 0 unless set. SGD: no momentum, no weight decay (lr 0.2). Adafactor: decay_rate 0.9999 (their
+  "b2"), factored where both sides are >= 128, updates clipped at block RMS 1.0, scaled by the
+  parameter's RMS with floor 1e-3 (optax's scale_by_param_block_rms), no weight decay (lr 0.005). Their
+  AdamW: batch 512 lr 0.0048, betas (0.9, 0.95), weight decay 0.1 (AdamW's published settings here);
+  batch 1 lr 0.0024 with betas (0.9, 0.9999) ("fixed t2"; with beta2 0.95 kept, lr 0.00015), no weight
+  decay. Their small models hold beta2's half-life at 10M tokens for batches 1 to 256 (20M for 1024 to
+  4096). The configs/paper/gpt2_small_*_marek_b*.py points take these on OpenWebText.
 
 The learning rate is not here: it depends on the model size, and every config sets it (but for
 the separate lr of an AdamW part: Muon's in Keller Jordan's recipe, a fixed 3e-4, and MARS's, 1e-3).
@@ -70,6 +82,9 @@ GPT2: dict[str, dict] = {
               "betas": (0.8, 0.999), "eps": 1e-8},
     "muon": {"adjust_lr": "match_rms_adamw", "weight_decay": 0.1, "momentum": 0.95, "nesterov": True, "ns_steps": 5,
              "betas": (0.9, 0.95), "eps": 1e-8},
+    "sgd": {"momentum": 0.0, "weight_decay": 0.0},
+    "adafactor": {"decay_rate": 0.9999, "min_dim_size_to_factor": 128, "clipping_threshold": 1.0,
+                  "param_rms_floor": 1e-3, "weight_decay": 0.0},
 }
 
 # Recipes an option picks: {optimizer: (option, {its value: the settings that replace GPT2's})}.

@@ -20,9 +20,12 @@ AdamW with Gemma 2's soft-caps of the attention and output logits for GPT-2 Smal
 (``gpt2_small_adamw_softcap_b*.py``), the fifth cure beside QK-Clip, QK-Norm, z-loss and MERIT; and
 the paper's second family, Llama-130M and Llama-350M on C4 x AdamW, LAMB, MERIT and Muon x global
 batches 512, 1k, 2k, 4k, 6k, 8k sequences of 256 tokens (``llama_350m_merit_b4k.py``; the paper's
-Llama-130M at 1k and Llama-350M at 4k among them). Each file inherits its model's base config
-(configs/gpt2_*_owt.py, configs/llama_*_c4.py) and sets only what differs, so a user opens, edits or
-copies one point.
+Llama-130M at 1k and Llama-350M at 4k among them); and, beside the MERIT paper's, the small-batch end
+as Marek et al. 2025 ran it ("Small Batch Size Training for Language Models"), GPT-2 Small with the
+authors' tuned settings: SGD, Adafactor and AdamW at batch 1 and AdamW at batch 512
+(``gpt2_small_{sgd,adafactor,adamw}_marek_b1.py``, ``gpt2_small_adamw_marek_b512.py``). Each file
+inherits its model's base config (configs/gpt2_*_owt.py, configs/llama_*_c4.py) and sets only what
+differs, so a user opens, edits or copies one point.
 
 What each point sets, and why (every value checked against its source; where this project
 chose, it says so):
@@ -100,6 +103,22 @@ chose, it says so):
   choice). The published final validation losses (Llama-130M at 1k: AdamW 3.277, LAMB 3.265, MERIT
   3.199; Llama-350M at 4k: LAMB 3.001, MERIT 2.957; from notes on the paper) are in those points'
   comments.
+* the Marek et al. points, on configs/gpt2_small_owt.py (OpenWebText; the authors train on FineWeb), with
+  the authors' recipe (github.com/martin-marek/batch-size: pretraining/configs/base.yaml, optimizer.py,
+  runs/gpt2s/optimizer_comp/final_configs.sh): 20 tokens per parameter (their budget; 124M here, this
+  project's count), a linear warmup over 5% of the steps (``int(0.05 x steps)``, theirs; theirs starts
+  at lr 0, this project's at lr / warmup_steps: one step apart), cosine to 0 (``min_lr = 0``), no
+  gradient clipping (``grad_clip = 0``), and their tuned peak lr per optimizer and batch: SGD 0.2 (no
+  momentum, no weight decay: its published settings), Adafactor 0.005 (decay_rate 0.9999 and the rest:
+  its published settings), AdamW at batch 1 0.0024 with beta2 0.9999 (their "fixed t2" run: batch
+  512's beta2 0.95 at its half-life in tokens, 0.95 ** (1/512) = 0.9999) and no weight decay (their
+  default: that run sets none), AdamW at batch 512 0.0048 with its published betas (0.9, 0.95) and
+  weight decay 0.1 (theirs).
+  A batch of 1 sequence runs on one GPU (``micro_batch_size = 1``: nothing to split); batch 512 takes
+  their micro-batch of 16 (x 8 GPUs divides it). Batch 1 is 2.4M steps, so its points log about every
+  1M tokens (1,000 steps: the authors' train-loss interval) and validate and checkpoint every 100M
+  tokens (100,000 steps: 24 validations of 4M tokens, 4% of the training tokens), this project's
+  choice; the authors validate once, at the end, on 20M tokens.
 """
 import argparse
 import sys
@@ -169,6 +188,20 @@ LLAMA_PUBLISHED = {  # (size, batch): the paper's final validation loss per opti
     ("130m", "1k"): {"adamw": 3.277, "lamb": 3.265, "merit": 3.199},
     ("350m", "4k"): {"lamb": 3.001, "merit": 2.957},
 }
+MAREK = [  # Marek et al.'s GPT-2 Small points: (optimizer, batch, peak lr, {key the point sets: (value, why)})
+    ("sgd", 1, 0.2, {}),
+    ("adafactor", 1, 0.005, {}),
+    ("adamw", 1, 0.0024, {"beta2": (0.9999, "their 'fixed t2' run: 0.95 ** (1/512), batch 512's half-life in tokens"),
+                          "weight_decay": (0.0, "their default: the run sets none")}),
+    ("adamw", 512, 0.0048, {}),
+]
+MAREK_WARMUP_FRACTION = 0.05
+MAREK_MICRO = 16  # their max_microbatch_size at batch 512
+MAREK_INTERVALS = {  # batch 1's bookkeeping, in steps of 1,024 tokens: (value, why)
+    "log_interval": (1_000, "about the authors' 1M tokens between train-loss logs"),
+    "eval_interval": (100_000, "100M tokens (and at the end)"),
+    "checkpoint_interval": (100_000, "100M tokens"),
+}
 
 
 def points() -> dict[str, dict]:
@@ -215,6 +248,10 @@ def points() -> dict[str, dict]:
                 if optimizer in LLAMA_PUBLISHED.get((size, label), {}):
                     point["published_loss"] = LLAMA_PUBLISHED[size, label][optimizer]
                 out[f"llama_{size}_{optimizer}_b{label}"] = point
+    for optimizer, batch, lr, settings in MAREK:
+        out[f"gpt2_small_{optimizer}_marek_b{batch}"] = {
+            "base": MODELS["small"][0], "family": "marek", "optimizer": optimizer, "batch": batch,
+            "tokens": int(TOKENS_PER_PARAMETER * MODELS["small"][1]), "lr": lr, "settings": settings}
     return out
 
 
@@ -226,6 +263,8 @@ def warmup_steps(tokens: int, batch: int) -> int:
 def render(stem: str, point: dict) -> str:
     if point["family"] == "llama":
         return render_llama(stem, point)
+    if point["family"] == "marek":
+        return render_marek(stem, point)
     tokens = point["tokens"]
     what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
     if "ablation" in point:
@@ -312,6 +351,37 @@ def render_llama(stem: str, point: dict) -> str:
     if point["optimizer"] != "adamw":
         lines += ["beta2 = None  # its published value (the base config's 0.999 is AdamW's)",
                   "weight_decay = None  # its published value (the base config's 0 is AdamW's)"]
+    return "\n".join(lines) + "\n"
+
+
+def render_marek(stem: str, point: dict) -> str:
+    """A Marek et al. point's file (the module docstring says why each value)."""
+    batch, tokens = point["batch"], point["tokens"]
+    steps = tokens // (batch * BLOCK)
+    lines = ["# Marek et al. 2025, \"Small Batch Size Training for Language Models\": GPT-2 Small, "
+             f"{point['optimizer']}, batch {batch} x {BLOCK} tokens,",
+             "# the authors' tuned setting (martin-marek/batch-size, runs/gpt2s/optimizer_comp/final_configs.sh); "
+             "OpenWebText here.",
+             "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely."]
+    if batch == 1:
+        lines.append(f"# One GPU: python train.py configs/paper/{stem}.py   (a batch of one sequence does not split)")
+    lines += [f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
+              "",
+              f'run_name = "{stem}"',
+              f'optimizer = "{point["optimizer"]}"',
+              f"batch_size = {batch}",
+              "micro_batch_size = 1" if batch == 1 else
+              f"micro_batch_size = {MAREK_MICRO}  # the authors'; x 8 GPUs divides batch_size",
+              "max_steps = 0",
+              f"max_tokens = {tokens:_}  # {TOKENS_PER_PARAMETER} tokens per parameter, the authors' budget",
+              f"warmup_steps = {int(MAREK_WARMUP_FRACTION * steps):_}  # {MAREK_WARMUP_FRACTION:.0%} of the "
+              f"{steps:,} steps, the authors' linear warmup",
+              f"lr = {point['lr']:g}  # the authors' tuned lr at this batch",
+              "min_lr = 0.0  # cosine to 0, the authors'",
+              "grad_clip = 0.0  # the authors clip no gradient"]
+    lines += [f"{key} = {value!r}  # {why}" for key, (value, why) in point["settings"].items()]
+    if batch == 1:
+        lines += [f"{key} = {value:_}  # {why}" for key, (value, why) in MAREK_INTERVALS.items()]
     return "\n".join(lines) + "\n"
 
 

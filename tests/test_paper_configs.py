@@ -1,7 +1,7 @@
 """configs/paper/: every point of the MERIT paper's study loads and resolves to the published
 settings, transcribed here from docs/optimizers.md, the paper's setup and (the Llama points) GaLore's
 and C-Optim's scripts independently of scripts/paper_configs.py, and builds its model on the meta
-device (no memory)."""
+device (no memory); so do Marek et al.'s small-batch points, transcribed from the authors' code."""
 import re
 import subprocess
 import sys
@@ -17,7 +17,9 @@ from training.run_config import resolve_config
 
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
-GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family)] for family in ("gpt2_", "llama_"))
+MAREK_FILES = [path for path in FILES if "_marek_" in path.stem]
+GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family) and path not in MAREK_FILES]
+                           for family in ("gpt2_", "llama_"))
 NAME = re.compile(r"gpt2_(small|medium|large)_(adamw_schedulefree|adamw|lamb|merit|lion|sophiag|muon|muonclip|"
                   r"ademamix|mars|soap|dmuon)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
 
@@ -55,6 +57,19 @@ LLAMA_HYPER = {"adamw": ((0.9, 0.999), 0.0, 1e-8), "merit": HYPER["merit"], "lam
 PUBLISHED = {("130m", "1k"): {"adamw": 3.277, "lamb": 3.265, "merit": 3.199},  # the paper's final val loss
              ("350m", "4k"): {"lamb": 3.001, "merit": 2.957}}
 
+# Marek et al. 2025, GPT-2 Small (martin-marek/batch-size: pretraining/runs/gpt2s/optimizer_comp/final_configs.sh,
+# configs/base.yaml, optimizer.py): peak lr, betas, weight decay and eps (None: the optimizer has none), and its
+# own options, per point. AdamW's weight decay at batch 1: base.yaml's 0 (the run sets none).
+MAREK_NAME = re.compile(r"gpt2_small_(sgd|adafactor|adamw)_marek_b(1|512)$")
+MAREK = {
+    ("sgd", "1"): (0.2, (None, None), 0.0, None, {"momentum": 0.0}),
+    ("adafactor", "1"): (0.005, (None, None), 0.0, None,
+                         {"decay_rate": 0.9999, "min_dim_size_to_factor": 128, "clipping_threshold": 1.0,
+                          "param_rms_floor": 1e-3}),
+    ("adamw", "1"): (0.0024, (0.9, 0.9999), 0.0, 1e-8, {}),
+    ("adamw", "512"): (0.0048, (0.9, 0.95), 0.1, 1e-8, {}),
+}
+
 
 def test_the_files_are_what_the_generator_writes():
     result = subprocess.run([sys.executable, "-m", "scripts.paper_configs", "--check"], cwd=ROOT, capture_output=True,
@@ -65,8 +80,11 @@ def test_the_files_are_what_the_generator_writes():
     # GPT-2 Medium over 48B tokens with AdamW, LAMB and MERIT at the 6 batches. The CBS parents
     # (AdamW, LAMB, MERIT, Muon at Small batch 480) and the ramps (AdamW and MERIT, Medium to 6k).
     # AdamW with soft-caps at GPT-2 Small's 6 batches. Llama-130M and -350M x 4 optimizers x 6 batches.
+    # And Marek et al.'s four.
     assert len(GPT2_FILES) == 3 * 12 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 + 6 and len(LLAMA_FILES) == 2 * 4 * 6
-    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) and f"{len(FILES)} files, as written" in result.stdout
+    assert sorted(MAREK_NAME.fullmatch(path.stem).groups() for path in MAREK_FILES) == sorted(MAREK)
+    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) + len(MAREK_FILES)
+    assert f"{len(FILES)} files, as written" in result.stdout
 
 
 def test_the_five_logit_cures_sit_side_by_side_at_every_gpt2_small_batch():
@@ -186,3 +204,35 @@ def test_every_llama_point_resolves_to_the_galore_recipe(path):
     # embedding and untied head, per block q/k/v/o, gate/up/down and two RMSNorms, the final RMSNorm
     expected = 2 * 32_128 * hidden + layers * (4 * hidden ** 2 + 3 * hidden * width + 2 * hidden) + hidden
     assert model.num_params(non_embedding=False) == expected
+
+
+@pytest.mark.parametrize("path", MAREK_FILES, ids=lambda p: p.stem)
+def test_every_marek_point_resolves_to_the_authors_settings(path):
+    optimizer, batch = MAREK_NAME.fullmatch(path.stem).groups()
+    lr, betas, weight_decay, eps, options = MAREK[optimizer, batch]
+    config = load_config(path, [])
+    resolved = resolve_config(config).config
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, int(batch))
+    # 20 tokens per parameter; a linear warmup over 5% of the steps (int(), as theirs), cosine to 0, no clipping.
+    assert config.max_tokens == 20 * 124e6 and config.grad_clip == 0
+    schedule = BatchSchedule.of(config, 1024)
+    total, warmup = schedule.lengths(config)
+    assert total == config.max_tokens // (int(batch) * 1024) and warmup == config.warmup_steps == int(0.05 * total)
+    assert (config.lr_schedule, config.lr, config.min_lr) == ("cosine", lr, 0.0)
+    assert ((resolved.beta1, resolved.beta2), resolved.weight_decay, resolved.eps) == (betas, weight_decay, eps)
+    assert {key: resolved.optimizer_options[key] for key in options} == options
+    assert resolved.optimizer_options.keys() == options.keys()
+    # Batch 1 on one GPU (nothing to split); batch 512 by micro-batches of 16, the authors', on 8 GPUs.
+    schedule.check_divisible(config.micro_batch_size, 1 if batch == "1" else 8)
+    assert config.micro_batch_size == (1 if batch == "1" else 16)
+    # Batch 1's 2.4M steps: a log line about every 1M tokens (the authors' train-loss interval), a validation
+    # and a checkpoint every 100M (this project's choice); batch 512 keeps the base config's.
+    intervals = (config.log_interval, config.eval_interval, config.checkpoint_interval)
+    assert intervals == ((1_000, 100_000, 100_000) if batch == "1" else (10, 1_000, 1_000))
+    model_config = config.model_config(50257)
+    assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS["small"]
+    assert model_config.vocab_size == 50304 and model_config.block_size == 1024 and model_config.dropout == 0.0
+    assert config.tokenizer == "gpt2"
+    with torch.device("meta"):
+        model = GPT(model_config)
+    assert abs(model.num_params(non_embedding=False) / PARAMETERS["small"] - 1) < 0.01
