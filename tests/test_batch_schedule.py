@@ -99,11 +99,23 @@ def test_the_schedule_keys_parse_and_are_checked():
     ("adamw", "beta2,gamma", r"gamma: optimizer 'adamw' has no such decay .*its decays are beta1, beta2$"),
     ("adamw", "beta3", r"beta3: optimizer 'adamw' has no such decay"),
     ("mars", "momentum", r"momentum: optimizer 'mars' has no such decay .*beta1, beta2, adamw_beta1, adamw_beta2$"),
+    ("sgd", "beta2", r"beta2: optimizer 'sgd' has no such decay .*its decays are momentum$"),
+    ("adafactor", "beta2", r"beta2: optimizer 'adafactor' has no such decay .*its decays are none$"),
 ])
 def test_a_decay_its_optimizer_does_not_declare_is_refused_at_resolution(optimizer, names, error):
     config = TrainConfig(max_steps=1, optimizer=optimizer, batch_half_life_betas=names)
     with pytest.raises(ConfigError, match=error):
         resolve_config(config)
+
+
+def test_betas_for_an_optimizer_without_betas_are_refused_naming_its_decays():
+    # (SGD keeps its momentum in optimizer_options: a --beta1 meant for it must not vanish, nor crash resolution.)
+    with pytest.raises(ConfigError, match=r"beta1=0.9, beta2=None: optimizer 'sgd' has no betas \(its decays: "
+                                          r"momentum\); set its own options in optimizer_options"):
+        resolve_config(TrainConfig(max_steps=1, optimizer="sgd", beta1=0.9))
+    sgd = resolve_config(TrainConfig(max_steps=1, optimizer="sgd", optimizer_options={"momentum": 0.9})).config
+    assert half_life_betas(sgd, 2.0, ("momentum",)) == {"optimizer_options": {**sgd.optimizer_options,
+                                                                              "momentum": 0.9 ** 2.0}}
 
 
 def test_the_declared_decays_scale_by_the_half_life_rule_where_each_lives():
@@ -204,12 +216,13 @@ def base_args(data, out, name, optimizer, *extra):
 # Every decay each optimizer declares (optim.batch_decays) follows the batch in some case: Muon's AdamW's
 # beta2 and its momentum, AdEMAMix's beta3, MARS's AdamW part's betas beside its own.
 HALF_LIFE = {"muon": "beta2,momentum", "dmuon": "momentum", "ademamix": "beta1,beta2,beta3",
-             "mars": "beta1,beta2,adamw_beta1,adamw_beta2"}
+             "mars": "beta1,beta2,adamw_beta1,adamw_beta2", "sgd": "momentum", "adafactor": ""}
 OPTIONS = {"sophiag": ["--optimizer_options={'hessian_interval': 2}"],  # a Hessian pass at the boundary
            # (AdEMAMix's warmups in steps: "over the run" is another length in the by-hand run's first half.)
            "ademamix": ["--optimizer_options={'alpha_warmup': 6, 'beta3_warmup': 6}"],
            "soap": ["--optimizer_options={'precondition_frequency': 3}"],  # refreshes before and after
-           "adamw_schedulefree": ["--lr_schedule=constant"]}
+           "adamw_schedulefree": ["--lr_schedule=constant"],
+           "sgd": ["--optimizer_options={'momentum': 0.9}"]}
 
 
 def by_hand_changes(first_half_config: dict, scaled: str) -> list[str]:
@@ -217,7 +230,7 @@ def by_hand_changes(first_half_config: dict, scaled: str) -> list[str]:
     decays by their half-life."""
     config = TrainConfig(**first_half_config)
     factor = math.sqrt(RAMP)
-    changes = half_life_betas(config, RAMP, tuple(scaled.split(",")))
+    changes = half_life_betas(config, RAMP, tuple(name for name in scaled.split(",") if name))
     overrides = ["--batch_size=8", f"--lr={config.lr * factor!r}", f"--min_lr={config.min_lr * factor!r}",
                  *(f"--{key}={value!r}" for key, value in changes.items())]
     if config.optimizer_options.get("adamw_lr") is not None:  # (MARS's: a ratio of lr the schedule keeps)
@@ -256,7 +269,7 @@ def scheduled_and_by_hand(train, data, out, optimizer, *extra):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb", "merit", "lion", "sophiag", "muon", "dmuon", "ademamix", "mars",
-                                       "soap", "adamw_schedulefree"])
+                                       "soap", "adamw_schedulefree", "sgd", "adafactor"])
 def test_a_scheduled_run_is_the_run_changed_by_hand_at_the_boundary(byte_shards, tmp_path, optimizer):
     scheduled, by_hand = scheduled_and_by_hand(train_here, byte_shards, tmp_path, optimizer)
     records = series(scheduled)
