@@ -1,7 +1,7 @@
 """The critical batch size on a CPU, measured by branching, and a batch ramp that follows it.
 
     python -m scripts.cbs_study                                           # the study (times below)
-    python -m scripts.cbs_study --archive docs/cbs_study/runs.tar.xz      # and pack what it read
+    python -m scripts.cbs_study --archive docs/cbs_study/runs.tar.xz      # and the committed records
     python -m scripts.cbs_study --optimizers adamw,merit --seeds 1        # a smaller one
 
 The mini-study's model and data (scripts/mini_study.py: a 4-layer, 64-dim GPT on Shakespeare
@@ -12,21 +12,48 @@ committed records (docs/mini_study/runs.tar.xz). Three stages:
 1. **the parents**: each optimizer at batch 8, seeds 0 .. ``--seeds`` - 1 (initialisation and data
    order), seed 0 keeping a checkpoint every 64 steps;
 2. **the branches** (scripts/cbs.py) from seed 0's checkpoints at ``STEPS`` (2,048 steps in all),
-   at k = 1/4 .. 16 (``MULTIPLIERS``: batches 2 to 128), 65,536 tokens each (6.25% of the run),
-   lr x sqrt(k), seeds 0 .. ``--seeds`` - 1 for the branches; two parents' branches at a time;
-3. **the ramps** (AdamW and MERIT, ``RAMPED``): a batch schedule that starts at 8 and doubles at
-   the first checkpoint where the measured B* (the paper's rule on the seeds' mean) is at least
-   twice the batch, once per checkpoint (Merrill et al.'s warmup), lr x sqrt(2) at each doubling
-   (``batch_lr_scaling``); against the constant small batch (the parents) and a constant large
-   batch (the ramp's last, its lr x sqrt(B / 8)), all on the same tokens, ``--seeds`` seeds each.
+   at k = 1/4 .. 8 (``MULTIPLIERS``: batches 2 to 64), 81,920 tokens each (7.8% of the run: 640
+   steps of the smallest, 20 of the largest), lr x sqrt(k), seeds 0 .. ``--seeds`` - 1 for the
+   branches; two parents' branches at a time;
+3. **the ramps** (AdamW and MERIT, ``RAMPED``): a batch schedule planned from seed 0's
+   measurements at every checkpoint branched, in turn (study/cbs.ramp, Merrill et al.'s warmup):
+   from 8, the batch doubles at a checkpoint where the measured B* (the paper's rule on the seeds'
+   mean) is at least twice the batch the ramp has reached there, lr x sqrt(2) at each doubling
+   (``batch_lr_scaling``), decays unchanged; against three controls on the same tokens: the
+   constant small batch (the parents), the constant large batch (the ramp's last, its lr x
+   sqrt(B / 8)) and that large batch with its decays at their half-life in tokens (beta1 and beta2
+   ** (B / 8), Marek et al.: a large batch at the small batch's memory in tokens), ``--seeds``
+   seeds each.
+
+**Why these branches.** A branch must train at least as many steps as its optimizer's decays
+remember, or it measures the state's transient after the batch change (study/cbs.py refuses it):
+beta2 and Muon's momentum, 0.95, remember 1 / (1 - 0.95) = 20 steps. The study branched k = 1/4 ..
+16 for 65,536 tokens before, whose k = 16 trained 8 steps. Two fixes keep the study's length: drop
+k = 16 and lengthen the branches to 20 steps of k = 8 (chosen), or keep k = 16 with the decays at
+their half-life (0.95 ** 16 = 0.44 remembers 2 steps). The half-life would measure the CBS of
+another rule than the ramp runs (its lr x sqrt(2) keeps the decays), and at k = 16 with beta1 0.19
+and beta2 0.44 an optimizer far from the parent's. Without k = 16 the largest B* measurable is 64
+sequences (a k* of 8 says "64 or more"): the paper's rule never passed 64 in the study before (only
+the interval rule reached k = 16), and 64 is 2 to 19 times the live B_simple there (3 to 36
+sequences). Branch time grows about 10% (1,260 steps a checkpoint and seed against 1,016; the
+tokens 6 x 81,920 against 7 x 65,536).
 
 Writes OUT/ (default runs/cbs_study): a sweep folder per optimizer and arm (``small``, ``ramp``,
-``large``), the branches under seed 0's parent, ``report.md`` (scripts/report.py's tables: the
-critical batch by branching per parent, and the ramps against their controls, read on
-heldout/loss) and ``figures/``. ``--archive`` packs the runs' configs and metrics (the branches'
-metrics cut to what the measurement reads: step, tokens, train/loss, lr, batch, a divergence)
-into an xz-compressed tar, from which scripts/report.py and scripts/plot.py draw the same tables and
-figures. Rerunning skips finished runs and branches and resumes interrupted ones.
+``large``, ``large_half_life``), the branches under seed 0's parent, ``report.md`` (scripts/report.py's
+tables: the critical batch by branching per parent, the ramps against their controls paired by
+seed, the steps each arm needs to equal losses, and the ramp's plan against the B* measured at
+each checkpoint, read on heldout/loss) and ``figures/``. ``--archive`` packs the runs' configs and
+metrics (the branches' metrics cut to what the measurement reads: step, tokens, train/loss, lr,
+batch, a divergence) into an xz-compressed tar and writes, beside it, the report drawn from it
+(ARCHIVE with .md for .tar.xz: docs/cbs_study/runs.md, what tests/test_doc_numbers.py compares)
+and the critical batch's and the ramps' figures (``figures/``: cbs.png, cbs_branches.png,
+ramps.png); scripts/report.py and scripts/plot.py draw the same from the archive. Rerunning skips
+finished runs and branches and resumes interrupted ones.
+
+**Time** (2 cores, 2 jobs): the study before these changes (24 runs, 420 branches) took 33.6
+minutes; this one has 30 runs (the six ``large_half_life`` ones about 1,024 steps each) and 360
+branches (5 checkpoints x 6 multipliers x 3 seeds x 4 optimizers), about 38 minutes by the per-step
+costs measured here (a step of b sequences: about 20 + 3 b ms in one thread).
 """
 from __future__ import annotations
 
@@ -38,9 +65,10 @@ import time
 from pathlib import Path
 
 from atomic import atomic_write
+from configs import ConfigError
 from scripts.mini_study import BASE, BLOCK, DATA, ROOT, TOKENS, schedule
 from study import cbs, sweep
-from study.plot import draw_all
+from study.plot import CBS_FIGURES, draw_all
 from study.report import report
 from study.runs import Study, find_runs, is_branch, pack_runs
 
@@ -49,8 +77,9 @@ RAMPED = ("adamw", "merit")
 BATCH = 8  # the base batch, below the critical batch in the mini-study (B_simple 700-2,200 tokens: 11-34 sequences)
 STEPS = (64, 256, 512, 1024, 1536)  # the checkpoints branched (of 2,048 steps)
 CHECKPOINT_EVERY = 64
-MULTIPLIERS = (0.25, 0.5, 1, 2, 4, 8, 16)
-BRANCH_TOKENS = 65_536
+MULTIPLIERS = (0.25, 0.5, 1, 2, 4, 8)
+BRANCH_TOKENS = 20 * 8 * BATCH * 64  # 20 steps of k = 8 (64 x 64 tokens): the 20 steps beta2 0.95 remembers
+HALF_LIFE = ("beta1", "beta2")  # the decays the large batch's third control holds at their half-life in tokens
 MINI_STUDY = ROOT / "docs" / "mini_study" / "runs.tar.xz"
 # What the archive keeps of a branch's records: what the measurement and the figures read.
 BRANCH_KEYS = ("step", "tokens", "train/loss", "lr", "batch/size", "batch/tokens_per_step", "batch/phase", "event")
@@ -63,12 +92,14 @@ def best_lrs(archive: Path, batch: int) -> dict[str, float]:
             if b == batch and label in OPTIMIZERS}
 
 
-def arm(name: str, optimizer: str, out: Path, base: Path, changes: dict, seeds: list[int]) -> list[sweep.Point]:
-    """The points of one arm (``name``) of ``optimizer``, seeds ``seeds`` (each its init and data order)."""
+def arm(name: str, optimizer: str, out: Path, base: Path, changes: dict, seeds: list[int],
+        betas: tuple[str, ...] = ()) -> list[sweep.Point]:
+    """The points of one arm (``name``) of ``optimizer``, seeds ``seeds`` (each its init and data
+    order); ``betas``: decays held at their half-life in tokens from batch ``BATCH`` (beta ** (B / 8))."""
     folder = out / optimizer / name
     fixed = [f"--{key}={value!r}" for key, value in changes.items()]
     points = [p for seed in seeds for p in sweep.plan(str(base), {"seed": [seed]}, [*fixed, f"--data_seed={seed}"],
-                                                     folder, "none", "none", None)]
+                                                     folder, "none", "none", BATCH, betas)]
     sweep.write_points(points, str(base), "python -m scripts.cbs_study")
     return points
 
@@ -130,7 +161,11 @@ def main(argv=None) -> None:
     branch_all([points[0].folder for points in parents.values()], seeds, args.jobs)
 
     measured = cbs.measured_runs(find_runs([out]), 0.01, 0.5)
-    ramps = {name: cbs.ramp(measured[parents[name][0].folder], BATCH) for name in names if name in RAMPED}
+    try:
+        ramps = {name: cbs.ramp(measured.get(parents[name][0].folder, []), BATCH, list(STEPS))
+                 for name in names if name in RAMPED}
+    except ConfigError as error:
+        sys.exit(f"cbs_study: {error}")
     print(f"cbs study stage 3: the ramps {ramps}")
     planned = []
     for name, phases in ramps.items():
@@ -139,25 +174,36 @@ def main(argv=None) -> None:
             continue
         large = phases[-1][1]
         factor = (large / BATCH) ** 0.5
+        constant = {**schedule(large, TOKENS, BLOCK), "optimizer": name, "lr": lrs[name] * factor,
+                    "min_lr": lrs[name] * factor / 10}
         planned += arm("ramp", name, out, base, {**small, "optimizer": name, "lr": lrs[name], "min_lr": lrs[name] / 10,
                                                  "batch_schedule": phases}, seeds)
-        planned += arm("large", name, out, base, {**schedule(large, TOKENS, BLOCK), "optimizer": name,
-                                                      "lr": lrs[name] * factor, "min_lr": lrs[name] * factor / 10},
-                           seeds)
+        planned += arm("large", name, out, base, constant, seeds)
+        planned += arm("large_half_life", name, out, base, constant, seeds, HALF_LIFE)
     sweep.launch_local(planned, nproc=1, jobs=args.jobs)
 
     runs = find_runs([out])
-    points = [r for r in runs if not is_branch(r) and r.final("val/loss") is not None]
-    branches = [r for r in runs if is_branch(r)]
-    tables = report(points, target=None, select_on="val/loss", report_on="heldout/loss", branches=branches)
-    with atomic_write(out / "report.md", "w") as f:
-        f.write(tables)
-    print(tables, end="")
-    draw_all(points, out / "figures", "val/loss", "heldout/loss", branches)
+    write_report(runs, out / "report.md", out / "figures", None)
     if args.archive:
         pack_runs(runs, out, args.archive, branch_keys=BRANCH_KEYS)
-    print(f"cbs study: {len(points)} runs, {len(branches)} branches, {(time.perf_counter() - start) / 60:.1f} "
-          f"minutes; {out / 'report.md'}, {out / 'figures'}" + (f", {args.archive}" if args.archive else ""))
+        # The committed report and figures are the archive's own, as scripts/report.py and plot.py draw them.
+        archived = args.archive.with_name(args.archive.name.removesuffix(".tar.xz") + ".md")
+        write_report(find_runs([args.archive]), archived, args.archive.parent / "figures", CBS_FIGURES)
+    print(f"cbs study: {sum(not is_branch(r) for r in runs)} runs, {sum(map(is_branch, runs))} branches, "
+          f"{(time.perf_counter() - start) / 60:.1f} minutes; {out / 'report.md'}, {out / 'figures'}"
+          + (f", {args.archive} and {archived}" if args.archive else ""))
+
+
+def write_report(runs: list, path: Path, figures: Path, only: tuple[str, ...] | None) -> None:
+    """The report of ``runs`` (lrs chosen on val/loss, numbers read on heldout/loss) into ``path``
+    and printed, and their figures (those named in ``only``, None: all) into ``figures``."""
+    points = [r for r in runs if not is_branch(r)]
+    branches = [r for r in runs if is_branch(r)]
+    text = report(points, target=None, select_on="val/loss", report_on="heldout/loss", branches=branches)
+    with atomic_write(path, "w") as f:
+        f.write(text)
+    print(text, end="")
+    draw_all(points, figures, "val/loss", "heldout/loss", branches, only=only)
 
 
 if __name__ == "__main__":

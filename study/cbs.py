@@ -321,6 +321,8 @@ class Measurement:
     losses: dict[float, dict[int, float]]  # {k: {seed: smoothed final loss}}
     k_epsilon: float  # the paper's rule on the seeds' mean
     k_interval: float | None  # the interval rule (None: one seed)
+    k_epsilon_from_one: float | None  # the paper's rule over k >= 1 only (None: no such k)
+    k_interval_from_one: float | None  # the interval rule over k >= 1 only
     b_simple: float | None  # the parent's live B_simple there, in sequences (None: not measured)
     differences: dict[float, Summary]  # L_k - L_1 over seeds (k = 1: the parent's batch)
 
@@ -385,9 +387,12 @@ def measure(parent: Run, branches: list[Run], epsilon: float, ema: float) -> lis
         logged = [r for r in parent.records if r.get("step", 0) <= step and r.get("noise_scale/b_simple") is not None]
         means = {k: sum(v.values()) / len(v) for k, v in losses.items()}
         reference = 1.0 if 1.0 in losses else min(losses)
+        from_one = {k: v for k, v in losses.items() if k >= 1}  # (the parent's batch and up)
         measurements.append(Measurement(
             step, first["tokens"] - branch_batch * block, round(branch_batch / k), losses,
             critical_multiplier(means, epsilon), critical_multiplier_interval(losses, epsilon),
+            critical_multiplier({k: means[k] for k in from_one}, epsilon) if from_one else None,
+            critical_multiplier_interval(from_one, epsilon) if from_one else None,
             logged[-1]["noise_scale/b_simple"] / block if logged else None,
             {k: paired_difference(v, losses[reference]) for k, v in sorted(losses.items())}))
     return measurements
@@ -402,10 +407,17 @@ def measured_runs(runs: list[Run], epsilon: float, ema: float) -> dict[Path, lis
     return {run.folder: measure(run, branches[run.folder], epsilon, ema) for run in runs if run.folder in branches}
 
 
-def ramp(measurements: list[Measurement], batch: int) -> list[tuple[int, int]]:
-    """A batch schedule from ``batch`` that follows the measured CBS (Merrill et al.'s warmup):
-    at each checkpoint in turn where B* (the paper's rule) is at least twice the batch, the
-    batch doubles from that checkpoint's tokens on, once per checkpoint."""
+def ramp(measurements: list[Measurement], batch: int, steps: list[int] = ()) -> list[tuple[int, int]]:
+    """A batch schedule from ``batch`` that follows the measured CBS (Merrill et al.'s warmup): at
+    each checkpoint in turn, the batch doubles from its tokens on where B* there (the paper's rule)
+    is at least twice the batch the ramp has reached; once per checkpoint, never down. ``steps``:
+    the checkpoints branched, each of which must have its measurement (the ramp is planned from
+    every one: a ConfigError names those without)."""
+    missing = sorted(set(steps) - {m.step for m in measurements})
+    if missing:
+        raise ConfigError(f"the ramp is planned from a measurement at every checkpoint branched; the checkpoints of "
+                          f"step {', '.join(map(str, missing))} have none (their branches have not all finished: "
+                          f"branch the parent again to train them)")
     phases = [(0, batch)]
     for m in measurements:
         if m.k_epsilon * m.batch >= 2 * phases[-1][1]:
@@ -413,19 +425,42 @@ def ramp(measurements: list[Measurement], batch: int) -> list[tuple[int, int]]:
     return phases
 
 
+def batch_at(phases: list[tuple[int, int]], tokens: int) -> int:
+    """The batch of the schedule ``phases`` at ``tokens`` (that of the last phase begun by then)."""
+    return [batch for start, batch in phases if start <= tokens][-1]
+
+
+def tokens_above(measurements: list[Measurement], phases: list[tuple[int, int]], total: int) -> float:
+    """The fraction of a run's ``total`` tokens over which the schedule ``phases`` trained above both
+    its first batch and the B* last measured (the paper's rule): where a doubling ran ahead of the
+    measurement. (A phase is taken to begin at its token count; the run begins it at the first step
+    at or after it.)"""
+    bounds = sorted({m.tokens for m in measurements} | {start for start, _ in phases} | {total})
+    above = 0
+    for start, end in zip(bounds, bounds[1:]):
+        measured = [m for m in measurements if m.tokens <= start]
+        if measured and batch_at(phases, start) > max(phases[0][1], measured[-1].k_epsilon * measured[-1].batch):
+            above += end - start
+    return above / total
+
+
 def table(measurements: list[Measurement], epsilon: float) -> str:
     """The markdown table of the CBS over training: per checkpoint k*, B* and the live B_simple."""
     seeds = max((len(s) for m in measurements for s in m.losses.values()), default=0)
     interval = seeds > 1
-    header = ["step", "tokens", "batch B", f"k* (eps {epsilon:g})", "B*"]
+    header = ["step", "tokens", "batch B", f"k* (eps {epsilon:g})", "B*", "B* over k >= 1"]
     if interval:
-        header += ["k* (95% interval)", "B* (interval)"]
+        header += ["k* (95% interval)", "B* (interval)", "B* (interval) over k >= 1"]
     header += ["B_simple (sequences)", "L_k - L_1 by k"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def b_star(k: float | None, batch: int) -> str:
+        return "-" if k is None else f"{k * batch:g}"
     for m in measurements:
-        row = [str(m.step), f"{m.tokens:,}", str(m.batch), f"{m.k_epsilon:g}", f"{m.k_epsilon * m.batch:g}"]
+        row = [str(m.step), f"{m.tokens:,}", str(m.batch), f"{m.k_epsilon:g}", b_star(m.k_epsilon, m.batch),
+               b_star(m.k_epsilon_from_one, m.batch)]
         if interval:
-            row += [f"{m.k_interval:g}", f"{m.k_interval * m.batch:g}"]
+            row += [f"{m.k_interval:g}", b_star(m.k_interval, m.batch), b_star(m.k_interval_from_one, m.batch)]
         row.append(f"{m.b_simple:.3g}" if m.b_simple is not None else "-")
         row.append(", ".join(f"{k:g}: diverged" if any(map(math.isinf, m.losses[k].values())) else
                              f"{k:g}: {d.mean:+.4f}" + (f" ±{d.ci95:.4f}" if d.n > 1 else "")
@@ -436,7 +471,10 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
     if interval:
         rule += ("; k* (95% interval): the largest k that falls behind no smaller j, falling behind meaning the "
                  f"95% t-interval of L_k - L_j over the seeds (paired) lies wholly above {epsilon:g}")
-    return "\n".join(lines) + "\n\n" + rule + ". B* = k* x B; B_simple: the run's live noise-scale estimate there."
+    return ("\n".join(lines) + "\n\n" + rule + ". B* = k* x B. Both compare k with every smaller multiplier, the "
+            "fractions included (the paper's rule); \"over k >= 1\": the same rule over the multipliers from the "
+            "parent's batch up only, without the fractions' noisier branches as references. B_simple: the run's "
+            "live noise-scale estimate there.")
 
 
 def save_json(measurements: list[Measurement], path: Path) -> None:

@@ -27,7 +27,7 @@ from PIL import Image  # noqa: E402
 
 from atomic import atomic_write  # noqa: E402
 from study import cbs  # noqa: E402
-from study.report import peak_logit, selected_finals  # noqa: E402
+from study.report import peak_logit, ramps_of, selected_finals  # noqa: E402
 from study.runs import Run, Selection, Study, summary  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
@@ -375,6 +375,9 @@ def plot_cbs(runs: list[Run], branches: list[Run], epsilon: float, ema: float) -
             ms = measured[folder]
             ax.plot([m.tokens for m in ms], [m.k_epsilon * m.batch for m in ms], "o-", color=colour,
                     label=f"{folder.name}: B*")
+            from_one = [(m.tokens, m.k_epsilon_from_one * m.batch) for m in ms if m.k_epsilon_from_one is not None]
+            if from_one:
+                ax.plot(*zip(*from_one), "^-.", color=colour, alpha=0.6, label=f"{folder.name}: B* over k >= 1")
             simple = [(m.tokens, m.b_simple) for m in ms if m.b_simple]
             if simple:
                 ax.plot(*zip(*simple), "s--", color=colour, alpha=0.6, label=f"{folder.name}: B_simple")
@@ -385,17 +388,54 @@ def plot_cbs(runs: list[Run], branches: list[Run], epsilon: float, ema: float) -
         ax.set_xlabel("tokens")
         ax.set_ylabel("batch (sequences)")
         _legend(ax)
-    fig.suptitle(_fit(fig, f"The critical batch by branching (B*: L_k <= L_j + {epsilon:g}, EMA {ema:g}) and the "
-                           f"live noise scale B_simple; dotted: the run's batch"))
+    fig.suptitle(_fit(fig, f"The critical batch by branching (B*: L_k <= L_j + {epsilon:g} for every smaller j, "
+                           f"EMA {ema:g}; dash-dotted: over k >= 1 only) and the live noise scale B_simple; dotted: "
+                           f"the run's batch"))
     return fig
 
 
+def plot_ramps(runs: list[Run], report_on: str) -> Figure | None:
+    """A panel per batch ramp (study/report.py's ramps_of): ``report_on`` against the optimizer steps
+    for the ramp and each of its controls (the seeds' mean and band), the constant small batch's
+    final loss dashed: where each arm's curve crosses it is the equal-loss table's step."""
+    ramps = ramps_of(runs)
+    if not ramps:
+        return None
+    fig, axes = _panels(len(ramps), 3, 4.8, 3.8)
+    palette = matplotlib.colormaps["tab10"].colors
+    for ax, ramp in zip(axes, ramps):
+        shown = []
+        for i, (name, arm) in enumerate(ramp.arms.items()):
+            steps, mean, low, high = seed_band(arm, report_on)
+            _band(ax, steps, mean, low, high, palette[i % len(palette)],
+                  f"{name} ({len(arm)} seed{'s' * (len(arm) > 1)})")
+            shown += [value for step, *band in zip(steps, low, high) if step > 0 for value in band]
+        if shown:  # (from the first evaluation on: the loss at initialisation, twice the rest, flattens them)
+            ax.set_ylim(min(shown) - 0.02, max(shown) + 0.02)
+        if "constant small" in ramp.arms:
+            ax.axhline(summary([r.final(report_on) for r in ramp.arms["constant small"]]).mean, color="black",
+                       linestyle="--", linewidth=1)
+        ax.set_title(f"{ramp.label}: " + " -> ".join(str(batch) for _, batch in ramp.phases), fontsize=10)
+        ax.set_xlabel("optimizer steps")
+        ax.set_ylabel(report_on)
+        _legend(ax)
+    fig.suptitle(_fit(fig, f"Batch ramps against constant batches: {report_on} against the steps (band: lowest to "
+                           f"highest seed; dashed: the constant small batch's final loss)"))
+    return fig
+
+
+# The figures of the critical batch and the ramps that follow it (scripts/cbs_study.py keeps them beside
+# its archive).
+CBS_FIGURES = ("cbs_branches", "cbs", "ramps")
+
+
 def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None,
-             branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5) -> list[Path]:
-    """Every figure of ``runs`` into the folder ``out`` (each point's lr chosen on ``select_on``,
-    the loss figures drawn on ``report_on``, default the same: the report's rule; with the
-    ``branches`` of some of them, the critical batch's figures by ``epsilon`` and ``ema``); the
-    files written."""
+             branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5,
+             only: tuple[str, ...] | None = None) -> list[Path]:
+    """Every figure of ``runs`` (or those named in ``only``) into the folder ``out`` (each point's
+    lr chosen on ``select_on``, the loss figures drawn on ``report_on``, default the same: the
+    report's rule; with the ``branches`` of some of them, the critical batch's figures by
+    ``epsilon`` and ``ema``); the files written."""
     report_on = report_on or select_on
     study = Study(runs, select_on)
     out.mkdir(parents=True, exist_ok=True)
@@ -406,8 +446,10 @@ def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on:
                "max_logit_heads": lambda: plot_head_logits(study),
                "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study),
                "cbs_branches": lambda: plot_cbs_branches(runs, branches, ema),
-               "cbs": lambda: plot_cbs(runs, branches, epsilon, ema)}
+               "cbs": lambda: plot_cbs(runs, branches, epsilon, ema), "ramps": lambda: plot_ramps(runs, report_on)}
     for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn
+        if only is not None and name not in only:
+            continue
         fig = figure()
         if fig is not None:  # (None: the runs did not log its keys)
             _save(fig, out / f"{name}.png")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 from study import cbs
-from study.runs import Run, Selection, Study, is_branch, paired, summary
+from study.runs import BATCH_DECAY_KEYS, Run, Selection, Study, is_branch, paired, summary
 
 # The optimizers every other is compared with, where the runs hold them: the paper's baseline, the
 # paper's optimizer and the matrix-optimizer baseline.
@@ -206,41 +207,159 @@ def target_table(best: dict, target: float, key: str) -> str:
     return table(["point", "batch", "steps", "tokens"], rows)
 
 
-# What a batch ramp and its constant-batch controls may differ in beside the lr and the seeds.
-RAMP_KEYS = {"batch_size", "batch_schedule", "warmup_steps", "warmup_tokens"}
+# What a batch ramp and its constant-batch controls may differ in beside the lr and the seeds: the
+# batch and what follows it, and the decays (a control may hold them at their half-life in tokens).
+RAMP_KEYS = {"batch_size", "batch_schedule", "warmup_steps", "warmup_tokens", *BATCH_DECAY_KEYS}
 
 
-def ramp_table(runs: list[Run], report_on: str) -> str | None:
-    """Each batch ramp (runs with a ``batch_schedule``) beside its controls, the runs that differ
-    from it only by a constant batch (its first or its last) and the lr, warmup and seeds: the
-    optimizer steps, the steps saved against the small batch, the final ``report_on`` and its
-    difference from the small batch's, paired by seed (Merrill et al.'s Table 1)."""
+@dataclass
+class Ramp:
+    """A batch ramp and its arms: {name: seeds}, the constant small batch (the ramp's first), the
+    ramp, the constant large batch (its last) and any other control (its decays named)."""
+
+    phases: list[list[int]]
+    arms: dict[str, list[Run]]
+
+    @property
+    def label(self) -> str:
+        return self.arms["ramp"][0].optimizer_label
+
+    @property
+    def controls(self) -> list[str]:
+        return [name for name in self.arms if name != "ramp"]
+
+
+def control_name(run: Run, ramp: Run, first: int, last: int) -> str:
+    """"constant small" or "constant large" (``run``'s batch, the ramp's ``first`` or ``last``), and how
+    its decays differ from the ramp's: ", half-life decays" where each is the ramp's ** (B / first),
+    its half-life in tokens held (Marek et al.), else their values."""
+    name = "constant small" if run.batch_size == first else "constant large"
+    mine, theirs = dict(run.point), dict(ramp.point)
+    differing = {key.removeprefix("optimizer_options."): (mine.get(key), theirs.get(key)) for key in BATCH_DECAY_KEYS
+                 if mine.get(key) != theirs.get(key)}
+    if not differing:
+        return name
+    ratio = run.batch_size / first
+    if all(None not in pair and math.isclose(pair[0], pair[1] ** ratio, rel_tol=1e-9) for pair in differing.values()):
+        return f"{name}, half-life decays"
+    return name + "".join(f", {key}={value}" for key, (value, _) in differing.items())
+
+
+def ramps_of(runs: list[Run]) -> list[Ramp]:
+    """Each batch ramp (runs with a ``batch_schedule``) with its controls: the runs that differ from
+    it only by a constant batch (its first or its last), their decays, the lr, warmup and seeds."""
     def arm_key(run: Run) -> tuple:
         return tuple(item for item in run.point if item[0] not in RAMP_KEYS)
-    ramps: dict[tuple, list[Run]] = {}
+    by_point: dict[tuple, list[Run]] = {}
     for run in runs:
         if run.config.get("batch_schedule"):
-            ramps.setdefault(run.point, []).append(run)
-    rows = []
-    for members in ramps.values():
+            by_point.setdefault(run.point, []).append(run)
+    found = []
+    for members in by_point.values():
         phases, key = members[0].config["batch_schedule"], arm_key(members[0])
-        constant = {batch: [r for r in runs if not r.config.get("batch_schedule") and arm_key(r) == key
-                            and r.config["batch_size"] == batch] for batch in (phases[0][1], phases[-1][1])}
-        small = constant[phases[0][1]]
+        first, last = phases[0][1], phases[-1][1]
+        controls: dict[str, list[Run]] = {}
+        for run in runs:
+            if not run.config.get("batch_schedule") and arm_key(run) == key and run.batch_size in (first, last):
+                controls.setdefault(control_name(run, members[0], first, last), []).append(run)
+        order = ["constant small", "ramp", "constant large", *sorted(set(controls) - {"constant small",
+                                                                                     "constant large"})]
+        arms = {name: members if name == "ramp" else controls[name] for name in order
+                if name == "ramp" or name in controls}
+        found.append(Ramp(phases, arms))
+    return found
+
+
+def parent_measurements(ramp: Ramp, measured: dict) -> list[cbs.Measurement]:
+    """The CBS measured on the ramp's constant small batch (the run of it that holds branches), []
+    if none was."""
+    return next((measured[r.folder] for r in ramp.arms.get("constant small", []) if measured.get(r.folder)), [])
+
+
+def ramp_table(ramps: list[Ramp], report_on: str, measured: dict) -> str | None:
+    """Each batch ramp beside its controls (Merrill et al.'s Table 1): the optimizer steps, the
+    steps saved against the small batch, the final ``report_on`` and its difference from each
+    control's, paired by seed; for the ramp, the share of its tokens it trained above both its first
+    batch and the B* last measured on its small batch (``measured``: cbs.measured_runs)."""
+    controls = list(dict.fromkeys(name for ramp in ramps for name in ramp.controls))
+    rows = []
+    for ramp in ramps:
+        small = ramp.arms.get("constant small", [])
         small_steps = summary([r.last_step for r in small]).mean
-        ramp = " -> ".join([str(phases[0][1]), *(f"{batch} (at {tokens:,} tokens)" for tokens, batch in phases[1:])])
-        for name, arm, batch in (("constant small", small, str(phases[0][1])), ("ramp", members, ramp),
-                                 ("constant large", constant[phases[-1][1]], str(phases[-1][1]))):
-            if not arm:
-                continue
+        measurements = parent_measurements(ramp, measured)
+        for name, arm in ramp.arms.items():
             steps = summary([r.last_step for r in arm]).mean
-            rows.append([members[0].optimizer_label, name, batch, f"{steps:,.0f}",
-                         f"{1 - steps / small_steps:.0%}" if small else "-", _mean([r.final(report_on) for r in arm]),
-                         _difference(paired(arm, small, report_on)) if arm is not small else "-"])
+            if name == "ramp":
+                batch = " -> ".join([str(ramp.phases[0][1]), *(f"{b} (at {tokens:,} tokens)"
+                                                                 for tokens, b in ramp.phases[1:])])
+                above = (f"{cbs.tokens_above(measurements, ramp.phases, arm[0].config['max_tokens']):.0%}"
+                         if measurements and arm[0].config.get("max_tokens") else "-")
+            else:
+                batch, above = str(arm[0].batch_size), "-"
+            rows.append([ramp.label, name, batch, f"{steps:,.0f}", f"{1 - steps / small_steps:.0%}" if small else "-",
+                         _mean([r.final(report_on) for r in arm]),
+                         *(_difference(paired(arm, ramp.arms[c], report_on)) if c in ramp.arms and c != name
+                           else "-" for c in controls), above])
     if not rows:
         return None
     return table(["point", "arm", "batch (sequences)", "steps", "steps saved", f"final {report_on}",
-                  "Δ vs constant small, paired by seed [95%]"], rows)
+                  *(f"Δ vs {c}, paired by seed [95%]" for c in controls), "tokens above the measured B*"], rows)
+
+
+def mean_steps_to(runs: list[Run], key: str, target: float) -> float | None:
+    """The step at which the seeds' mean ``key`` (at the steps every seed logged it) first reaches
+    ``target``, interpolated between them (Run.steps_to); None if it never does. The mean is
+    summary's, so that the mean of the final losses, as a target, is the curve's last point exactly."""
+    logged = [dict(zip(*run.series(key))) for run in runs]
+    steps = sorted(set.intersection(*(set(values) for values in logged)))
+    mean = Run(runs[0].folder, runs[0].config,
+               [{"step": step, key: summary([values[step] for values in logged]).mean} for step in steps])
+    return mean.steps_to(key, target)
+
+
+def equal_loss_table(ramps: list[Ramp], report_on: str) -> str | None:
+    """Per ramp, the steps and tokens each arm needs to reach two losses on its seeds' mean
+    ``report_on`` curve (interpolated between evaluations): the constant small batch's final loss
+    (the ramp's promise: the small batch's loss in fewer steps) and the highest final loss among
+    the arms (which each reaches), the steps saved against the small batch's to the same loss."""
+    rows = []
+    for ramp in ramps:
+        if "constant small" not in ramp.arms:
+            continue
+        finals = {name: summary([r.final(report_on) for r in arm]).mean for name, arm in ramp.arms.items()}
+        for target, what in ((finals["constant small"], "the constant small batch's final"),
+                             (max(finals.values()), "the highest final of the arms")):
+            small = mean_steps_to(ramp.arms["constant small"], report_on, target)
+            for name, arm in ramp.arms.items():
+                steps = mean_steps_to(arm, report_on, target)
+                reached = steps is not None
+                rows.append([ramp.label, f"{target:.3f} ({what})", name,
+                             f"{steps:,.0f}" if reached else f"not reached (final {finals[name]:.3f})",
+                             f"{1 - steps / small:.0%}" if reached and small else "-",
+                             f"{arm[0].tokens_at(steps):,.0f}" if reached else "-"])
+    if not rows:
+        return None
+    return table(["point", f"{report_on} to reach", "arm", "steps", "steps saved", "tokens"], rows)
+
+
+def ramp_plan_table(ramps: list[Ramp], measured: dict) -> str | None:
+    """Per ramp, the CBS measured on its constant small batch at each checkpoint branched (B* by the
+    paper's rule, and over k >= 1 only), the batch the rule had reached before it, whether it doubles
+    there (B* >= 2 x that batch: cbs.ramp), and the ramp's batch from there as it ran."""
+    rows = []
+    for ramp in ramps:
+        measurements = parent_measurements(ramp, measured)
+        planned = cbs.ramp(measurements, ramp.phases[0][1])
+        for m in measurements:
+            before, after = cbs.batch_at(planned, m.tokens - 1), cbs.batch_at(planned, m.tokens)
+            rows.append([ramp.label, str(m.step), f"{m.tokens:,}", f"{m.k_epsilon * m.batch:g}",
+                         "-" if m.k_epsilon_from_one is None else f"{m.k_epsilon_from_one * m.batch:g}", str(before),
+                         f"yes, to {after}" if after > before else "no",
+                         str(cbs.batch_at(ramp.phases, m.tokens))])
+    if not rows:
+        return None
+    return table(["point", "step", "tokens", "B* (the small batch's)", "B* over k >= 1", "the rule's batch before",
+                  "B* >= 2 x it: doubles", "the ramp's batch from there (as run)"], rows)
 
 
 def zero_shot_average(run: Run) -> float | None:
@@ -306,14 +425,21 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
                      "seeds)", cures]
     sections += [f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over "
                  f"seeds)", target_table(best, target, report_on)]
-    ramps = ramp_table(runs, report_on)
-    if ramps:
-        sections += [f"## Batch ramps against constant batches ({report_on})", ramps]
+    measured = cbs.measured_runs([*runs, *branches], epsilon, ema)
+    ramps = ramps_of(runs)
+    for title, body in ((f"## Batch ramps against constant batches ({report_on})",
+                         ramp_table(ramps, report_on, measured)),
+                        (f"## Batch ramps: steps and tokens to equal {report_on} (the seeds' mean curve, interpolated "
+                         f"between evaluations)", equal_loss_table(ramps, report_on)),
+                        ("## Batch ramps as planned: the critical batch measured on the small batch at each checkpoint",
+                         ramp_plan_table(ramps, measured))):
+        if body:
+            sections += [title, body]
     for title, body in (("## Zero-shot", zero_shot_table(best)), ("## Hessian", hessian_table(best))):
         if body:
             sections += [title, body]
     by_folder = {run.folder: run for run in runs}
-    for folder, measurements in cbs.measured_runs([*runs, *branches], epsilon, ema).items():
+    for folder, measurements in measured.items():
         if measurements:
             parent = by_folder[folder]
             sections += [f"## Critical batch size by branching: {parent.optimizer_label}, batch "

@@ -18,7 +18,7 @@ from helpers import ROOT, TINY_RUN, read_metrics, train_here
 from configs import ConfigError, TrainConfig
 from study import cbs
 from study.plot import plot_cbs, plot_cbs_branches
-from study.report import ramp_table, report
+from study.report import equal_loss_table, ramp_plan_table, ramp_table, ramps_of, report
 from study.runs import Run, find_runs, is_branch, pack_runs
 from training.checkpoint import Checkpoint
 from training.parts import Part, Step
@@ -85,17 +85,19 @@ def test_a_diverged_branch_falls_behind_every_branch_that_did_not(tmp_path):
     # k = 0.5 ends at 3.025 (3.2, 3.1, 3.05, 3.025), k = 1 at 3.0, k = 2 diverged on one seed:
     # behind by both rules, though its other seed's 2.5 is the best loss of all.
     assert (m.step, m.batch, m.losses[0.5][0], m.k_epsilon, m.k_interval) == (8, 8, 3.025, 1.0, 1.0)
+    assert (m.k_epsilon_from_one, m.k_interval_from_one) == (1.0, 1.0)  # (over k = 1 and 2 only: the same)
     # The checkpoint's 64 sequences of 1,024 tokens; L_0.5 - L_1 = 3.025 - 3.0 on both seeds.
     assert cbs.table([m], 0.01).splitlines()[:3] == [
-        "| step | tokens | batch B | k* (eps 0.01) | B* | k* (95% interval) | B* (interval) | B_simple (sequences) "
-        "| L_k - L_1 by k |",
-        "|---|---|---|---|---|---|---|---|---|",
-        "| 8 | 65,536 | 8 | 1 | 8 | 1 | 8 | - | 0.5: +0.0250 ±0.0000, 1: +0.0000 ±0.0000, 2: diverged |"]
+        "| step | tokens | batch B | k* (eps 0.01) | B* | B* over k >= 1 | k* (95% interval) | B* (interval) "
+        "| B* (interval) over k >= 1 | B_simple (sequences) | L_k - L_1 by k |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| 8 | 65,536 | 8 | 1 | 8 | 8 | 1 | 8 | 8 | - | 0.5: +0.0250 ±0.0000, 1: +0.0000 ±0.0000, 2: diverged |"]
 
 
-def measurement(tokens, k, batch=8):
-    return cbs.Measurement(step=tokens // (batch * 32), tokens=tokens, batch=batch, losses={}, k_epsilon=k,
-                           k_interval=None, b_simple=None, differences={})
+def measurement(tokens, k, batch=8, from_one=None, block=32):
+    return cbs.Measurement(step=tokens // (batch * block), tokens=tokens, batch=batch, losses={}, k_epsilon=k,
+                           k_interval=None, k_epsilon_from_one=from_one, k_interval_from_one=None, b_simple=None,
+                           differences={})
 
 
 def test_the_ramp_doubles_where_the_measured_batch_passes_twice_the_batch():
@@ -105,30 +107,98 @@ def test_the_ramp_doubles_where_the_measured_batch_passes_twice_the_batch():
                 measurement(16384, 8)]
     assert cbs.ramp(measured, 8) == [(0, 8), (2048, 16), (8192, 32), (16384, 64)]
     assert cbs.ramp(measured[:1], 8) == [(0, 8)]  # never twice the batch: no ramp
+    # The committed study's AdamW (B* = 2, 64, 8, 8, 2 at steps 64, 256, 512, 1,024, 1,536 of 2,048, 512
+    # tokens a step): one doubling, at step 256, and never down; from step 512 on (786,432 of its
+    # 1,048,576 tokens, 75%) the ramp's 16 runs above the B* measured. Before it, at step 64, its batch
+    # 8 lies above B* = 2 too, but that is the batch it starts at, not a doubling.
+    study = [measurement(step * 512, k, block=64) for step, k in ((64, 0.25), (256, 8), (512, 1), (1024, 1), (1536, 0.25))]
+    phases = cbs.ramp(study, 8, [64, 256, 512, 1024, 1536])
+    assert phases == [(0, 8), (131072, 16)]
+    assert cbs.tokens_above(study, phases, 1_048_576) == 786_432 / 1_048_576 == 0.75
+    assert cbs.batch_at(phases, 131071) == 8 and cbs.batch_at(phases, 131072) == 16
+    # B* exactly twice the batch doubles (>=); a checkpoint branched but not measured is refused.
+    assert cbs.ramp([measurement(1024, 2)], 8) == [(0, 8), (1024, 16)]
+    with pytest.raises(ConfigError, match=r"^the ramp is planned from a measurement at every checkpoint branched; "
+                                          r"the checkpoints of step 512, 1536 have none"):
+        cbs.ramp(study[:2] + study[3:4], 8, [64, 256, 512, 1024, 1536])
 
 
-def arm_runs(tmp_path, name, batch, schedule, steps, losses):
-    """One arm's runs (a seed each) as the report reads them: config and records."""
+def arm_runs(tmp_path, name, batch, schedule, curves, betas=(0.9, 0.95)):
+    """One arm's runs (a seed each) as the report reads them, 32-token sequences: ``curves``, per seed,
+    its (step, tokens, heldout/loss) at each evaluation."""
     return [Run(tmp_path / name / f"s{seed}", {"optimizer": "adamw", "batch_size": batch, "batch_schedule": schedule,
                                                "max_tokens": 4096, "seed": seed, "lr": 0.01, "min_lr": 0.001,
-                                               "warmup_steps": 2},
-                [{"step": steps, "heldout/loss": loss}]) for seed, loss in enumerate(losses)]
+                                               "warmup_steps": 2, "beta1": betas[0], "beta2": betas[1]},
+                [{"step": step, "tokens": tokens, "heldout/loss": loss} for step, tokens, loss in curve])
+            for seed, curve in enumerate(curves)]
 
 
-def test_the_ramp_table_sets_a_ramp_beside_its_constant_batches(tmp_path):
-    ramped = [[0, 8], [1024, 16], [2048, 32]]
-    runs = [*arm_runs(tmp_path, "small", 8, [], 16, [3.0, 3.1, 3.2]),
-            *arm_runs(tmp_path, "ramp", 8, ramped, 8, [2.98, 3.12, 3.16]),
-            *arm_runs(tmp_path, "large", 32, [], 4, [3.3, 3.2, 3.5]),
-            *arm_runs(tmp_path, "other", 16, [], 8, [1.0, 1.0, 1.0])]  # a batch neither constant arm has
-    rows = [line.split(" | ") for line in ramp_table(runs, "heldout/loss").splitlines()[2:]]
+@pytest.fixture
+def ramp_arms(tmp_path):
+    """A ramp of 8 -> 16 -> 32 sequences (4,096 tokens: 8 steps) and its controls, 3 seeds each: the
+    constant 8 (16 steps), the constant 32 (4 steps), the constant 32 with its betas at their half-life
+    (0.9 ** 4, 0.95 ** 4), and a batch of neither (16)."""
+    def arm(name, batch, schedule, steps, tokens, finals, middle, betas=(0.9, 0.95)):
+        curves = [[(0, 0, 5.0), (steps[0], tokens, mid), (steps[1], 4096, final)] for mid, final in zip(middle, finals)]
+        return arm_runs(tmp_path, name, batch, schedule, curves, betas)
+    return [*arm("small", 8, [], (8, 16), 2048, [3.0, 3.1, 3.2], [3.4, 3.5, 3.6]),
+            *arm("ramp", 8, [[0, 8], [1024, 16], [2048, 32]], (4, 8), 1024, [2.98, 3.12, 3.16], [3.3, 3.4, 3.5]),
+            *arm("large", 32, [], (2, 4), 2048, [3.3, 3.2, 3.5], [3.6, 3.7, 3.8]),
+            *arm("half_life", 32, [], (2, 4), 2048, [3.1, 3.15, 3.2], [3.5, 3.6, 3.7], (0.9 ** 4, 0.95 ** 4)),
+            *arm("other", 16, [], (4, 8), 2048, [1.0, 1.0, 1.0], [2.0, 2.0, 2.0])]
+
+
+def test_the_ramp_table_sets_a_ramp_beside_each_of_its_controls(ramp_arms):
+    [ramp] = ramps_of(ramp_arms)
+    assert list(ramp.arms) == ["constant small", "ramp", "constant large", "constant large, half-life decays"]
+    # The small batch's B* at three checkpoints: 16, 64, 16 (k = 2, 8, 2 of 8): the ramp's plan, and from
+    # 3,072 tokens on its 32 above the last B* (16): 1,024 of 4,096 tokens.
+    measured = {ramp.arms["constant small"][0].folder: [measurement(1024, 2), measurement(2048, 8, from_one=8),
+                                                        measurement(3072, 2)]}
+    lines = ramp_table([ramp], "heldout/loss", measured).splitlines()
+    assert lines[0].split(" | ")[6:] == ["Δ vs constant small, paired by seed [95%]",
+                                         "Δ vs constant large, paired by seed [95%]",
+                                         "Δ vs constant large, half-life decays, paired by seed [95%]",
+                                         "tokens above the measured B* |"]
+    rows = [line.split(" | ") for line in lines[2:]]
     assert [row[1:5] for row in rows] == [["constant small", "8", "16", "0%"],
                                           ["ramp", "8 -> 16 (at 1,024 tokens) -> 32 (at 2,048 tokens)", "8", "50%"],
-                                          ["constant large", "32", "4", "75%"]]
-    # The ramp's difference from the small batch, paired by seed: -0.02, +0.02, -0.04: mean -0.0133,
-    # std 0.0306, 95% half-width t(2) 4.303 x 0.0306 / sqrt(3) = 0.0759.
-    assert rows[1][6] == "-0.013 [-0.089, +0.063] |"
+                                          ["constant large", "32", "4", "75%"],
+                                          ["constant large, half-life decays", "32", "4", "75%"]]
     assert rows[0][5].startswith("3.100 ± 0.100")
+    # The ramp against each control, paired by seed (95% half-width t(2) 4.303 x std / sqrt(3)):
+    # small: -0.02, +0.02, -0.04: mean -0.0133, std 0.0306, half-width 0.0759;
+    # large: -0.32, -0.08, -0.34: mean -0.2467, std 0.1447, half-width 0.3594;
+    # large, half-life: -0.12, -0.03, -0.04: mean -0.0633, std 0.0493, half-width 0.1225.
+    assert rows[1][6:] == ["-0.013 [-0.089, +0.063]", "-0.247 [-0.606, +0.113]", "-0.063 [-0.186, +0.059]",
+                           "25% |"]
+    assert [row[6 + i] for i, row in enumerate(rows[:1] + rows[2:])] == ["-", "-", "-"]  # (none against itself)
+    # The plan: 16 >= 2 x 8 doubles at step 4, 64 >= 2 x 16 at step 8, 16 < 2 x 32 holds at step 12.
+    plan = [line.split(" | ")[1:] for line in ramp_plan_table([ramp], measured).splitlines()[2:]]
+    assert plan == [["4", "1,024", "16", "-", "8", "yes, to 16", "16 |"], ["8", "2,048", "64", "64", "16", "yes, to 32",
+                                                                          "32 |"],
+                    ["12", "3,072", "16", "-", "32", "no", "32 |"]]
+
+
+def test_the_equal_loss_table_reads_each_arms_mean_curve(ramp_arms):
+    # Mean curves (step: loss): small 0: 5.0, 8: 3.5, 16: 3.1; ramp 4: 3.4, 8: 3.0867; large 2: 3.7,
+    # 4: 3.3333; half-life 2: 3.6, 4: 3.15. To 3.1 (the small batch's final): small at 16; the ramp at
+    # 4 + 4 x (3.4 - 3.1) / (3.4 - 3.0867) = 7.83 (51% fewer steps), 1,024 + 3,072 x 3.83 / 4 = 3,965 tokens
+    # (seed 0's: the tokens of a step change with the batch); neither large arm. To 3.3333 (the large
+    # batch's final, the highest): small at 8 + 8 x 0.1667 / 0.4 = 11.33 (2,048 + 2,048 x 3.33 / 8 = 2,901
+    # tokens), the ramp at 4 + 4 x 0.0667 / 0.3133 = 4.85 (57% fewer; 1,024 + 3,072 x 0.85 / 4 = 1,678
+    # tokens), large at 4 (65%), the half-life arm at 2 + 2 x 0.2667 / 0.45 = 3.19 (72%; 2,048 + 2,048 x
+    # 1.19 / 2 = 3,262 tokens).
+    rows = [line.split(" | ")[1:] for line in equal_loss_table(ramps_of(ramp_arms), "heldout/loss").splitlines()[2:]]
+    small, large = "3.100 (the constant small batch's final)", "3.333 (the highest final of the arms)"
+    assert rows == [[small, "constant small", "16", "0%", "4,096 |"],
+                    [small, "ramp", "8", "51%", "3,965 |"],
+                    [small, "constant large", "not reached (final 3.333)", "-", "- |"],
+                    [small, "constant large, half-life decays", "not reached (final 3.150)", "-", "- |"],
+                    [large, "constant small", "11", "0%", "2,901 |"],
+                    [large, "ramp", "5", "57%", "1,678 |"],
+                    [large, "constant large", "4", "65%", "4,096 |"],
+                    [large, "constant large, half-life decays", "3", "72%", "3,262 |"]]
 
 
 # --- scripts.cbs on a tiny run ---
@@ -230,12 +300,18 @@ def test_branches_train_and_measure_the_critical_batch(branched):
             for seed, loss in seeds.items():
                 assert loss == pytest.approx(smoothed_by_hand(logged[m.step, k, seed]), rel=1e-12)
     # The table: a row per checkpoint (its tokens, the batch 8, B* = 8 k*), in the report under its heading.
+    # k* by the paper's rule on the seeds' means, written out for K = 0.5, 1, 2: 2 if L_2 keeps up with
+    # both smaller ones, else 1 if L_1 keeps up with L_0.5, else 0.5; over k >= 1: 2 if L_2 <= L_1 + eps.
     table = cbs.table(measurements, 0.01)
     rows = [line.split(" | ") for line in table.splitlines()[2:4]]
     assert [row[:3] for row in rows] == [["| 8", "2,048", "8"], ["| 16", "4,096", "8"]]
-    for row in rows:
-        assert float(row[3]) in (0.5, 1, 2) and float(row[4]) == 8 * float(row[3])
-        assert float(row[5]) in (0.5, 1, 2) and float(row[6]) == 8 * float(row[5])
+    for row, m in zip(rows, measurements):
+        mean = {k: sum(smoothed_by_hand(logged[m.step, k, seed]) for seed in (0, 1)) / 2 for k in (0.5, 1.0, 2.0)}
+        k_star = (2 if mean[2.0] <= min(mean[0.5], mean[1.0]) + 0.01 else 1 if mean[1.0] <= mean[0.5] + 0.01 else 0.5)
+        from_one = 2 if mean[2.0] <= mean[1.0] + 0.01 else 1
+        assert (float(row[3]), float(row[4]), float(row[5])) == (k_star, 8 * k_star, 8 * from_one)
+        assert float(row[6]) in (0.5, 1, 2) and float(row[7]) == 8 * float(row[6])  # (the interval rule)
+        assert float(row[8]) in (8, 16)
     parents = [r for r in runs if not is_branch(r)]
     text = report(parents, None, branches=branches)
     assert "## Critical batch size by branching: adamw, batch 8, parent\n\n| step | tokens | batch B |" in text
@@ -243,8 +319,9 @@ def test_branches_train_and_measure_the_critical_batch(branched):
     # The figures: B* and the run's batch (dotted) at the checkpoints' tokens; each branch's smoothed
     # loss over its fraction of the branch tokens, the mean over its seeds.
     [axes] = plot_cbs(parents, branches, 0.01, 0.5).axes
-    b_star, batch = axes.lines[0], axes.lines[-1]
+    b_star, from_one, batch = axes.lines[0], axes.lines[1], axes.lines[-1]
     assert list(b_star.get_xdata()) == [2048, 4096] and list(b_star.get_ydata()) == [8 * float(r[3]) for r in rows]
+    assert list(from_one.get_ydata()) == [float(r[5]) for r in rows] and from_one.get_linestyle() == "-."
     assert (list(batch.get_xdata()), list(batch.get_ydata()), batch.get_linestyle()) == ([2048, 4096], [8, 8], ":")
     panels = [ax for ax in plot_cbs_branches(parents, branches, 0.5).axes if ax.lines]
     assert [ax.get_title() for ax in panels] == ["adamw (parent), step 8", "adamw (parent), step 16"]
