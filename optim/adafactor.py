@@ -109,11 +109,11 @@ class Adafactor(Optimizer):
         decay = _decay(int(state["step"]), group["decay_rate"])  # (a CPU counter: no device sync)
         dtype = _state_dtype(p)
         g = grad.to(dtype)
-        s = g.square().add_(_EPSILON)
+        s = g.square().add_(_EPSILON)  # (its storage then holds the update: one temporary of p's size fewer)
         if "exp_avg_sq" in state:
             v = state["exp_avg_sq"]
             v.mul_(decay[0]).add_(s, alpha=decay[1])
-            u = g * v.rsqrt()
+            u = torch.rsqrt(v, out=s).mul_(g)  # optax's g * v ** -0.5 (a product commutes)
         else:
             u = self._factored_direction(g, s, state, decay, shards)
         # The whole tensor's sums of squares of u and p (p before the step), completed over the ranks.
@@ -122,6 +122,7 @@ class Adafactor(Optimizer):
             sums = shards.all_reduce(sums, dist.ReduceOp.SUM)
         numel = p.numel() if shards is None else shards.numel
         u_rms, p_rms = (sums / numel).sqrt().unbind()
+        # optax's three scalings in its order (one factor would save two passes over u, but round otherwise)
         if group["clipping_threshold"] is not None:
             u.div_(torch.clamp(u_rms / group["clipping_threshold"], min=1.0))
         u.mul_(-group["lr"]).mul_(torch.clamp(p_rms, min=group["param_rms_floor"]))
@@ -130,8 +131,8 @@ class Adafactor(Optimizer):
     @staticmethod
     def _factored_direction(g: Tensor, s: Tensor, state: dict, decay: tuple[float, float],
                             shards: sharding.Shards | None) -> Tensor:
-        """g scaled by the factored estimate of its rms; ``g`` and ``s`` are this rank's rows, ``decay``
-        is (beta, 1 - beta)."""
+        """g scaled by the factored estimate of its rms, written into ``s`` (g*g + epsilon, used up);
+        ``g`` and ``s`` are this rank's rows, ``decay`` is (beta, 1 - beta)."""
         r, c = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
         rows, first = r.shape[0], 0 if shards is None else shards.first_row
         local = slice(first, first + g.shape[0])
@@ -145,8 +146,8 @@ class Adafactor(Optimizer):
         r.mul_(decay[0]).add_(row_means, alpha=decay[1])
         c.mul_(decay[0]).add_(col_sums / rows, alpha=decay[1])
         if rows <= c.shape[0]:  # optax's order: the shorter side's factor, normalised, first
-            return g * (r / r.mean()).rsqrt()[local, None] * c.rsqrt()[None, :]
-        return g * (c / c.mean()).rsqrt()[None, :] * r.rsqrt()[local, None]
+            return torch.mul(g, (r / r.mean()).rsqrt()[local, None], out=s).mul_(c.rsqrt()[None, :])
+        return torch.mul(g, (c / c.mean()).rsqrt()[None, :], out=s).mul_(r.rsqrt()[local, None])
 
     def _group_of(self, p: Tensor) -> dict:
         return next(group for group in self.param_groups if any(q is p for q in group["params"]))

@@ -11,7 +11,8 @@ steps alternate with those of a ``torch.optim.AdamW(fused=True)`` on its own cop
 parameters, so that the ratio compares steps taken under the same conditions (a shared machine's
 speed drifts by tens of percent). Prints the median over ``--steps`` steps after ``--warmup``:
 ms per step, and the median of the per-step ratios to the interleaved fused AdamW; and the memory
-each keeps: bytes of optimizer state per byte of parameters (fused AdamW's m and v: 2).
+each keeps: bytes of optimizer state per byte of parameters (fused AdamW's m and v: 2; SGD's none,
+and with ``sgd momentum 0.9`` its momentum buffer, 1; Adafactor's factored statistics far below 1).
 
 ``--passes`` times MERIT's two fused passes (optim/backends/) instead, on GPT-2 Small's matrices,
 each sequence of per-tensor calls interleaved with fused AdamW's step on the same shapes: pass 1
@@ -81,8 +82,12 @@ def make_optimizer(name: str, groups: list[dict], backend: str) -> torch.optim.O
     if name == "naive merit":
         return NaiveMERIT(groups, lr=1e-4)
     name, _, ns_dtype = name.partition(" ns ")  # e.g. "muon ns float32": Muon's other iteration dtype
-    return optim.build(name, groups, lr=1e-4, weight_decay=0.1, batch_tokens=480 * 1024, run_steps=10_000,
-                       backend="auto" if name == "adamw" else backend, **({"ns_dtype": ns_dtype} if ns_dtype else {}))
+    name, _, momentum = name.partition(" momentum ")  # "sgd momentum 0.9": SGD with its momentum buffer
+    options = {**({"ns_dtype": ns_dtype} if ns_dtype else {}), **({"momentum": float(momentum)} if momentum else {})}
+    weight_decay = 0.0 if name == "adafactor" else 0.1  # (Marek et al.'s Adafactor refuses a decay)
+    groups = [{**group, "weight_decay": min(group["weight_decay"], weight_decay)} for group in groups]
+    return optim.build(name, groups, lr=1e-4, weight_decay=weight_decay, batch_tokens=480 * 1024, run_steps=10_000,
+                       backend="auto" if name in ("adamw", "sgd") else backend, **options)  # (those two: torch's)
 
 
 def make_params(device: torch.device, dtype: torch.dtype) -> tuple[list[torch.nn.Parameter], list[dict]]:
@@ -226,7 +231,7 @@ def main() -> None:
         return
     # Muon's Newton-Schulz in the dtype "auto" does not pick too, to see the choice's numbers.
     other = "float32" if default_ns_dtype(device) == torch.bfloat16 else "bfloat16"
-    names = [*optim.available(), f"muon ns {other}", "naive merit"]
+    names = [*optim.available(), f"muon ns {other}", "sgd momentum 0.9", "naive merit"]
     if args.only:
         unknown = set(args.only) - set(names)
         if unknown:
@@ -241,7 +246,8 @@ def main() -> None:
         ms, base, ratio, newton_schulz_ms, state = bench(name, device, dtype, args.steps, args.warmup, args.backend)
         share = (f"   Newton-Schulz {newton_schulz_ms:.1f} ms ({newton_schulz_ms / ms:.0%} of the step)"
                  if newton_schulz_ms is not None else "")
-        print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{state:>14.2f}{share}", flush=True)
+        kept = f"{state:.2f}" if state == 0 or state >= 0.01 else f"{state:.1e}"  # (Adafactor's: far below 0.01)
+        print(f"{name:<20}{ms:>10.1f}{base:>16.1f}{ratio:>8.2f}{kept:>14}{share}", flush=True)
 
 
 if __name__ == "__main__":
