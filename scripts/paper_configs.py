@@ -72,6 +72,11 @@ chose, it says so):
   one or two steps to show its loss (the smallest, 120 sequences, takes 256), 1.3% of the
   2.48B-token run. Merrill et al. branch 2B tokens of OLMo's ~600B (0.3%); this project chose a
   larger share because a GPT-2 Small run is short: less would leave the large batches 1 step.
+  Four steps are fewer than beta2 0.95 remembers (20), which scripts.cbs refuses (a branch would
+  measure its optimizer state's transient): the command holds each branch's decays at their
+  half-life in tokens (``--beta-scaling half-life``, Marek et al. 2025: beta ** k; beta1 and beta2,
+  and Muon's momentum), so the k = 16 branch's beta2 is 0.95 ** 16 = 0.44 (2 steps' memory) and the
+  k = 1/4 branch's 0.987 (78 of its 256 steps).
 * the ramp: ``batch_schedule`` 768 -> 1,536 -> 3,072 -> 6,144 sequences (each doubling Merrill
   et al.'s, lr x sqrt(2) by ``batch_lr_scaling``), from 0, 2.4B, 7.2B and 16.8B tokens (5%,
   15% and 35% of the 48B): this project's placeholder until the CBS of GPT-2 Medium is measured
@@ -166,6 +171,7 @@ CBS_OPTIMIZERS = ("adamw", "lamb", "merit", "muon")
 CBS_CHECKPOINTS = 10  # a kept checkpoint every tenth of the run
 CBS_MULTIPLIERS = "0.25,0.5,1,2,4,8,16"
 CBS_BRANCH_TOKENS = 4 * 16 * 480 * 1024  # 4 steps of the largest branch (k = 16)
+CBS_SCALED_DECAYS = {"muon": "momentum,beta1,beta2"}  # the others: beta1,beta2
 RAMP_OPTIMIZERS = ("adamw", "merit")
 RAMP = [(0, 768), (2_400_000_000, 1536), (7_200_000_000, 3072), (16_800_000_000, 6144)]
 WARMUP_FRACTION = 0.02
@@ -320,8 +326,10 @@ def render(stem: str, point: dict) -> str:
         every = tokens // (point["batch"] * BLOCK) // CBS_CHECKPOINTS
         lines += [f"permanent_checkpoint_interval = {every:_}  # a tenth of the run: the checkpoints to branch",
                   "# Then: python -m scripts.cbs runs/" + stem + f" --multipliers {CBS_MULTIPLIERS} --seeds 0,1,2 "
-                  f"--branch-tokens {CBS_BRANCH_TOKENS:_} --launch slurm",
-                  "# (k = 1/4 .. 16: batches 120 to 7,680; branch tokens: 4 steps of the largest, 1.3% of the run)"]
+                  f"--branch-tokens {CBS_BRANCH_TOKENS:_} --beta-scaling half-life --scale-betas "
+                  f"{CBS_SCALED_DECAYS.get(point['optimizer'], 'beta1,beta2')} --launch slurm",
+                  "# (k = 1/4 .. 16: batches 120 to 7,680; branch tokens: 4 steps of the largest, 1.3% of the run;",
+                  "# each branch's decays at their half-life in tokens, so that 4 steps outlast their memory)"]
     if "schedule" in point:
         lines.insert(lines.index(f"batch_size = {point['batch']}") + 1,
                      f"batch_schedule = {point['schedule']!r}  # (tokens, batch): doublings at 5%, 15%, 35% of "

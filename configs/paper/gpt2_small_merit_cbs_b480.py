@@ -11,5 +11,6 @@ warmup_steps = 101  # 2% of the steps, at least 30 (a sweep axis: --grid warmup_
 lr = 0.0002  # published for batch 480; the paper grid-searches it per batch
 min_lr = 2e-05
 permanent_checkpoint_interval = 504  # a tenth of the run: the checkpoints to branch
-# Then: python -m scripts.cbs runs/gpt2_small_merit_cbs_b480 --multipliers 0.25,0.5,1,2,4,8,16 --seeds 0,1,2 --branch-tokens 31_457_280 --launch slurm
-# (k = 1/4 .. 16: batches 120 to 7,680; branch tokens: 4 steps of the largest, 1.3% of the run)
+# Then: python -m scripts.cbs runs/gpt2_small_merit_cbs_b480 --multipliers 0.25,0.5,1,2,4,8,16 --seeds 0,1,2 --branch-tokens 31_457_280 --beta-scaling half-life --scale-betas beta1,beta2 --launch slurm
+# (k = 1/4 .. 16: batches 120 to 7,680; branch tokens: 4 steps of the largest, 1.3% of the run;
+# each branch's decays at their half-life in tokens, so that 4 steps outlast their memory)
