@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import optim
+from helpers import TINY_RUN, train_here
 from optim.adafactor import _decay
 
 # Factored: 130 x 140 (rows the shorter side), 150 x 130 (columns), 128 x 128 (a tie: rows, as optax's
@@ -44,7 +45,7 @@ def optax_adafactor(decay_rate: float, lrs: list[float]) -> optax.GradientTransf
                        optax.scale_by_param_block_rms())
 
 
-def run_both(dtype: torch.dtype, decay_rate: float) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def run_both(dtype: torch.dtype, decay_rate: float) -> tuple[list[torch.Tensor], ...]:
     """(the initial parameters, ours after STEPS, optax's after STEPS)."""
     params, grads = problem(dtype)
     ours = [torch.nn.Parameter(p.clone()) for p in params]
@@ -202,6 +203,16 @@ def test_weight_decay_is_refused_and_the_options_are_checked():
     q.grad = torch.tensor([[1.0, -4.0], [2.0, 0.5]])
     opt.step()  # first step: beta2 0, u = g / sqrt(g^2 + 1e-30) = sign(g); rms(p) = 2
     assert torch.equal(q.detach(), torch.tensor([[1.0, 3.0], [1.0, 1.0]]))
+
+
+def test_through_train_py_a_weight_decay_is_one_line_before_anything_is_written(byte_shards, tmp_path):
+    out = tmp_path / "out"
+    result = train_here(*TINY_RUN, "--batch_size=2", "--micro_batch_size=2", "--max_steps=2", "--optimizer=adafactor",
+                        "--lr=0.01", "--weight_decay=0.1", f"--data_dir={byte_shards}", f"--out_dir={out}", check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("train.py: "), result.stderr
+    assert "Adafactor as Marek et al. run it has no weight decay; set weight_decay 0" in lines[0]
+    assert not out.exists()
 
 
 def test_it_declares_no_decay_that_follows_the_batch():
