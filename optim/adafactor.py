@@ -167,9 +167,9 @@ def _state_dtype(p: Tensor) -> torch.dtype:
 def _decay(step: int, decay_rate: float) -> tuple[float, float]:
     """(beta, 1 - beta), beta = 1 - step ** -decay_rate, each a float32, as optax's
     ``_decay_rate_pow`` and ``scale_by_factored_rms`` compute them, also for float64 state. Here beta
-    is rounded correctly (in float64, then to float32), the same on every machine; XLA's float32 pow
-    is not correctly rounded, so optax's beta is one float32 ulp away at some steps (t = 4 of
-    decay_rate 0.8; 102 of the first 200,000 steps)."""
+    is float64's value rounded to float32, the same on every machine; XLA's float32 pow is not
+    correctly rounded, so optax's beta is one float32 ulp away at some steps (t = 5 of decay_rate
+    0.8; 102 of the first 200,000 steps)."""
     beta = _float32(1.0 - step ** -decay_rate)
     return beta, _float32(1.0 - beta)  # (1 - beta exact in float64: the float32 difference, rounded once)
 

@@ -92,7 +92,7 @@ def test_adafactor_is_optax_composed_as_the_authors_compose_it(dtype, decay_rate
         assert moved > 1e-4 * p0.abs().max().item(), shape  # every parameter moved, the floored one too
         # Float32's rounding of the parameters: within 2 roundings of the largest element, in either
         # dtype (float32: the runs round p differently; float64: optax's beta2_t, a float32 from XLA's
-        # float32 pow, is one float32 ulp from the correctly rounded one here at some steps).
+        # float32 pow, is one float32 ulp from ours, float64's value rounded, at some steps).
         error = (p.double() - q.double()).abs().max().item()
         assert error <= 2 * FLOAT32_EPS * q.abs().max().item(), (shape, error)
         if dtype == torch.float64:  # and in float64, the steps themselves agree to float32's rounding
