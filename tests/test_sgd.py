@@ -32,8 +32,8 @@ def test_sgd_is_torch_sgd_bitwise(dtype, momentum, weight_decay):
     twin, start = copy.deepcopy(model), copy.deepcopy(model)
     ours = optim.build("sgd", model, lr=LRS[0], momentum=momentum, weight_decay=weight_decay)
     # The shared builder's groups (decay on the hidden matrices only), given to torch's SGD in the same order.
-    assert [sorted(group["names"]) for group in ours.param_groups] == [["fc.weight"],
-                                                                        ["emb.weight", "fc.bias", "ln.bias", "ln.weight"]]
+    assert [sorted(group["names"]) for group in ours.param_groups] == [
+        ["fc.weight"], ["emb.weight", "fc.bias", "ln.bias", "ln.weight"]]
     by_name = dict(twin.named_parameters())
     reference = torch.optim.SGD([{"params": [by_name[n] for n in group["names"]], "weight_decay": group["weight_decay"]}
                                  for group in ours.param_groups], lr=LRS[0], momentum=momentum)
