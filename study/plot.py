@@ -207,6 +207,45 @@ def plot_peak_logit(study: Study) -> Figure | None:
     return fig
 
 
+def plot_small_batch(study: Study, report_on: str) -> Figure | None:
+    """The final ``report_on`` against the batch at the fixed token budget, a panel per optimizer
+    (its points: AdamW with fixed betas and with beta2 by half-life, ...), each point at its
+    selected lr with its seeds' range as error bars (lowest to highest seed), on one loss axis, and
+    AdamW's points thin and grey in the other panels (the small-batch section of the report: Marek
+    et al. 2025's axis, down to one sequence)."""
+    lines = _by_batch(study, lambda selection: selected_finals(selection, report_on))
+    optimizer = {label: s.runs[0].config["optimizer"] for (label, _), s in study.best().items()}
+    optimizers = sorted(set(optimizer.values()), key=lambda name: (name != "adamw", name))
+    if not optimizers:
+        return None
+    colour = point_colours(study)
+    fig, axes = _panels(len(optimizers), 3, 4.4, 3.6, sharey=True)
+    for ax, name in zip(axes, optimizers):
+        for label, points in lines.items():
+            batches = [b for b, _, _ in points]
+            means = [summary(values).mean for _, values, _ in points]
+            if optimizer[label] != name:
+                if optimizer[label] == "adamw":
+                    ax.plot(batches, means, color="grey", linewidth=0.8, alpha=0.6)
+                continue
+            low = [m - min(v) for m, (_, v, _) in zip(means, points)]
+            high = [max(v) - m for m, (_, v, _) in zip(means, points)]
+            ax.errorbar(batches, means, yerr=[low, high], color=colour[label], marker="o", capsize=3, label=label)
+            edges = [(b, m) for (b, _, edge), m in zip(points, means) if edge]
+            if edges:
+                ax.scatter(*zip(*edges), s=90, facecolors="none", edgecolors=colour[label], linewidths=1.2)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 1, 2, 4, ... 512
+        ax.set(title=name, xlabel="global batch (sequences)", ylabel=f"final {report_on}")
+        ax.title.set_fontsize(10)
+        ax.grid(alpha=0.3, which="both")
+        _legend(ax)
+    fig.suptitle(_fit(fig, f"Final {report_on} against the batch at a fixed token budget, by optimizer (each point at "
+                           f"its lr selected on {study.select_on}; bars: lowest to highest seed; circled: that lr is "
+                           f"on its grid's edge; grey: AdamW's points)"))
+    return fig
+
+
 def per_layer(run: Run, stat: str) -> dict[int, tuple[list[int], list[float]]]:
     """``stat`` (a per-parameter diagnostic) averaged over each transformer layer's tensors."""
     layers: dict[int, dict[int, list[float]]] = {}
@@ -431,11 +470,11 @@ CBS_FIGURES = ("cbs_branches", "cbs", "ramps")
 
 def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None,
              branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5,
-             only: tuple[str, ...] | None = None) -> list[Path]:
+             only: tuple[str, ...] | None = None, small_batch: bool = False) -> list[Path]:
     """Every figure of ``runs`` (or those named in ``only``) into the folder ``out`` (each point's
     lr chosen on ``select_on``, the loss figures drawn on ``report_on``, default the same: the
     report's rule; with the ``branches`` of some of them, the critical batch's figures by
-    ``epsilon`` and ``ema``); the files written."""
+    ``epsilon`` and ``ema``; ``small_batch``: and the small-batch section's figure); the files written."""
     report_on = report_on or select_on
     study = Study(runs, select_on)
     out.mkdir(parents=True, exist_ok=True)
@@ -446,7 +485,8 @@ def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on:
                "max_logit_heads": lambda: plot_head_logits(study),
                "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study),
                "cbs_branches": lambda: plot_cbs_branches(runs, branches, ema),
-               "cbs": lambda: plot_cbs(runs, branches, epsilon, ema), "ramps": lambda: plot_ramps(runs, report_on)}
+               "cbs": lambda: plot_cbs(runs, branches, epsilon, ema), "ramps": lambda: plot_ramps(runs, report_on),
+               **({"small_batch": lambda: plot_small_batch(study, report_on)} if small_batch else {})}
     for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn
         if only is not None and name not in only:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass
 
 from study import cbs
@@ -58,13 +59,17 @@ def _lr(selection: Selection) -> str:
 
 
 def batch_values(study: Study) -> dict[str, list[tuple[int, object]]]:
-    """The schedule keys that vary with the batch alone, and each optimizer's decays that do
-    ("adamw's beta2"), with each batch's value."""
+    """The schedule keys that vary with the batch alone, and each point's decays that do ("adamw's
+    beta2", "adamw (beta2 by half-life)'s beta2"; not a point's whose decays are the same at every
+    batch), with each batch's value."""
     values = {key: sorted({(r.batch_size, dict(r.point)[key]) for r in study.runs}) for key in study.with_batch}
     for optimizer, keys in sorted(study.with_batch_of.items()):
-        for key in keys:
-            values[f"{optimizer}'s {key.removeprefix('optimizer_options.')}"] = sorted(
-                {(r.batch_size, dict(r.point)[key]) for r in study.runs if r.config["optimizer"] == optimizer})
+        runs = [r for r in study.runs if r.config["optimizer"] == optimizer]
+        for label in sorted({study.label(r) for r in runs}):  # (AdamW with fixed betas and with beta2 by half-life)
+            for key in keys:
+                pairs = sorted({(r.batch_size, dict(r.point).get(key)) for r in runs if study.label(r) == label})
+                if len({value for _, value in pairs}) > 1:
+                    values[f"{label}'s {key.removeprefix('optimizer_options.')}"] = pairs
     return values
 
 
@@ -385,12 +390,158 @@ def hessian_table(best: dict) -> str | None:
     return table(["point", "batch", "top eigenvalue", "trace"], rows) if rows else None
 
 
+# The small-batch section (report(small_batch=True); scripts/mini_study.py --preset small_batch): the
+# claims of Marek et al. 2025 on this axis, each in a table.
+LR_MARGIN = 0.01  # an lr is near the best where its loss is within 1% of the best's
+
+
+def optimizer_reference(best: dict, label: str) -> tuple[str, int]:
+    """The point ``label`` is held against at the largest batch: its plain optimizer's (the same
+    other keys, no ablation or decays by half-life: AdamW with fixed betas for AdamW with beta2 by
+    half-life) where the runs hold it, else its own, at the largest batch it reached."""
+    run = next(selection.runs[0] for (name, _), selection in best.items() if name == label)
+    plain = run.config["optimizer"] + label.removeprefix(run.optimizer_label)
+    reference = plain if any(name == plain for name, _ in best) else label
+    return reference, max(batch for name, batch in best if name == reference)
+
+
+def largest_batch_table(best: dict, report_on: str) -> str | None:
+    """Each point against its optimizer's largest batch (``optimizer_reference``), paired by seed:
+    what every token of a smaller batch buys at the same token budget."""
+    rows = []
+    for (label, batch), selection in best.items():
+        reference = optimizer_reference(best, label)
+        if reference == (label, batch):
+            continue
+        rows.append([label, str(batch), _mean(selected_finals(selection, report_on)),
+                     f"{reference[0]}, batch {reference[1]}",
+                     _difference(paired(selection.runs, best[reference].runs, report_on))])
+    if not rows:
+        return None
+    return table(["point", "batch", f"final {report_on}", "against", "Δ, paired by seed [95%]"], rows)
+
+
+def same_batch_table(best: dict, report_on: str, optimizer: str = "adamw") -> str | None:
+    """Each point against every point of ``optimizer`` at the same batch (a column each: AdamW with
+    fixed betas and with beta2 by half-life), paired by seed."""
+    references = sorted({label for (label, _), s in best.items() if s.runs[0].config["optimizer"] == optimizer})
+    rows = []
+    for (label, batch), selection in best.items():
+        cells = [_difference(paired(selection.runs, best[(reference, batch)].runs, report_on))
+                 if (reference, batch) in best and reference != label else "-" for reference in references]
+        if any(cell != "-" for cell in cells):
+            rows.append([label, str(batch), *cells])
+    if not rows:
+        return None
+    return table(["point", "batch", *(f"Δ vs {reference}, paired by seed [95%]" for reference in references)], rows)
+
+
+def lr_range(by_lr: dict[float, list[Run]], key: str, margin: float = LR_MARGIN) -> dict | None:
+    """Seed 0's final ``key`` at every lr of a point's grid (the seed every lr has): the best lr, the
+    lrs next to it whose loss is within ``margin`` (relative) of the best's, one unbroken run of the
+    grid (an lr whose seed 0 did not finish breaks it), and the width of that range (largest / smallest
+    lr), also with the loss interpolated linearly in log lr between the grid's lrs to the margin;
+    ``open``: the range reaches the grid's first or last lr, so the width may be larger. None where
+    seed 0 finished at no lr."""
+    lrs = list(by_lr)
+    losses = [next((r.final(key) for r in runs if r.seed == 0 and r.finished), None) for runs in by_lr.values()]
+    finite = [i for i, loss in enumerate(losses) if loss is not None and math.isfinite(loss)]
+    if not finite:
+        return None
+    best = min(finite, key=lambda i: losses[i])
+    threshold = losses[best] * (1 + margin)
+    near = lambda i: 0 <= i < len(lrs) and losses[i] is not None and losses[i] <= threshold  # noqa: E731
+    low, high = best, best
+    while near(low - 1):
+        low -= 1
+    while near(high + 1):
+        high += 1
+
+    def crossing(inside: int, outside: int) -> float:
+        """The lr between two neighbours of the grid where the interpolated loss reaches the threshold."""
+        if losses[outside] is None or not math.isfinite(losses[outside]):
+            return lrs[inside]  # (a diverged neighbour: nothing to interpolate to)
+        a, b = math.log(lrs[inside]), math.log(lrs[outside])
+        return math.exp(a + (b - a) * (threshold - losses[inside]) / (losses[outside] - losses[inside]))
+
+    interpolated_low = crossing(low, low - 1) if low > 0 else lrs[low]
+    interpolated_high = crossing(high, high + 1) if high < len(lrs) - 1 else lrs[high]
+    return {"best": lrs[best], "loss": losses[best], "near": lrs[low:high + 1], "width": lrs[high] / lrs[low],
+            "interpolated": interpolated_high / interpolated_low, "open": low == 0 or high == len(lrs) - 1}
+
+
+def lr_range_table(study: Study, margin: float = LR_MARGIN) -> str | None:
+    """Per point, how wide the range of good lrs is (``lr_range``, on the metric lrs are chosen on)."""
+    rows = []
+    for (label, batch), by_lr in study.points().items():
+        found = lr_range(by_lr, study.select_on, margin)
+        if found is None:
+            continue
+        at_least = "≥ " if found["open"] else ""
+        rows.append([label, str(batch), str(len(by_lr)), f"{found['best']:g} ({found['loss']:.3f})",
+                     ", ".join(f"{lr:g}" for lr in found["near"]), f"{at_least}{found['width']:.3g}",
+                     f"{at_least}{found['interpolated']:.3g}"])
+    if not rows:
+        return None
+    return table(["point", "batch", "lrs in the grid", f"best lr (seed 0's final {study.select_on})",
+                  f"lrs within {margin:.0%} of it", "width (largest / smallest)",
+                  "width, interpolated in log lr"], rows)
+
+
+def training_seconds(run: Run) -> tuple[float, int, int] | None:
+    """(The run's wall time to its last log step, the tokens and the steps trained by then), from
+    its logged ``tokens_per_s`` (each the tokens since the last log step over the seconds since:
+    evaluations and instruments included); None if it logged none."""
+    seconds, tokens, steps = 0.0, 0, 0
+    for record in run.records:
+        if record.get("tokens_per_s") and "tokens" in record and "step" in record:
+            seconds += (record["tokens"] - tokens) / record["tokens_per_s"]
+            tokens, steps = record["tokens"], record["step"]
+    return (seconds, tokens, steps) if tokens else None
+
+
+def wall_time_table(study: Study) -> str:
+    """Per point, what a token costs in wall time on the machine that trained it: the micro-batch
+    and the micro-steps accumulated into a step, the optimizer steps, and the median over the
+    point's finished runs (every lr and seed) of the seconds per million tokens and per step."""
+    rows = []
+    for (label, batch), by_lr in study.points().items():
+        done = [r for runs in by_lr.values() for r in runs if r.finished]
+        measured = [(timed, r) for r in done if (timed := training_seconds(r))]
+        if not measured:
+            continue
+        run = measured[0][1]
+        micro = run.config.get("micro_batch_size", batch)
+        per_million = statistics.median(1e6 * seconds / tokens for (seconds, tokens, _), _ in measured)
+        per_step = statistics.median(seconds / steps for (seconds, _, steps), _ in measured)
+        rows.append([label, str(batch), f"{micro} x {batch // micro}", f"{run.total_steps:,}", f"{per_million:.1f}",
+                     f"{1e3 * per_step:.2f}", str(len(measured))])
+    return table(["point", "batch", "micro-batch x micro-steps", "steps", "seconds per million tokens (median)",
+                  "ms per step (median)", "runs"], rows)
+
+
+def small_batch_sections(study: Study, best: dict, report_on: str) -> list[str]:
+    """The small-batch section's headings and tables (Marek et al. 2025's four claims)."""
+    sections = []
+    for title, body in (
+            (f"## Small batches: each point against its optimizer's largest batch ({report_on}, the same tokens)",
+             largest_batch_table(best, report_on)),
+            (f"## Small batches: against AdamW at the same batch ({report_on})", same_batch_table(best, report_on)),
+            (f"## Small batches: the range of good lrs (seed 0's final {study.select_on} within {LR_MARGIN:.0%} of "
+             f"the grid's best; ≥: the range reaches the grid's edge)", lr_range_table(study)),
+            ("## Small batches: wall time per token (the runs' logged tokens_per_s, evaluations included, on the "
+             "machine that trained them, under whatever else it ran)", wall_time_table(study))):
+        if body:
+            sections += [title, body]
+    return sections
+
+
 def report(runs: list[Run], target: float | None, select_on: str = "val/loss", report_on: str | None = None,
-           branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5) -> str:
+           branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5, small_batch: bool = False) -> str:
     """The report of ``runs``: the lr of each point chosen on ``select_on``, the numbers reported
     on ``report_on`` (default the same; e.g. a held-out split's loss); with the ``branches`` of
     some of them (or among ``runs``), their critical batch sizes (study/cbs.py's rule: ``epsilon``,
-    ``ema``)."""
+    ``ema``); ``small_batch``: and the small-batch section (``small_batch_sections``)."""
     branches = [*branches, *(r for r in runs if is_branch(r))]
     runs = [r for r in runs if not is_branch(r)]
     report_on = report_on or select_on
@@ -416,6 +567,8 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
         comparison = comparison_table(best, report_on, optimizer)
         if comparison:
             sections += [f"## Against {optimizer} ({report_on})", comparison]
+    if small_batch:
+        sections += small_batch_sections(study, best, report_on)
     sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
                  max_logit_table(study, best)]

@@ -63,7 +63,7 @@ BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "z_loss", "attn_logit_softcap", "final_logit_softcap", "batch_size",
-            *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
+            "batch_half_life_betas", *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
 # A run recorded before a key existed trained with its default (as a resume reads an older
 # checkpoint): its point has that value, so that old and new records of one point stay one point.
 DEFAULTS = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -85,10 +85,13 @@ class Run:
 
     @property
     def optimizer_label(self) -> str:
-        """The optimizer with its ablation and logit cures if any: "merit (maxLAMB)", "adamw + qk_norm",
-        "muon + qk_clip 100", "adamw + z_loss 0.0001", "adamw + softcap 50/30" (attention / output)."""
+        """The optimizer with its ablation, the decays it holds at their half-life in tokens and its
+        logit cures if any: "merit (maxLAMB)", "adamw (beta2 by half-life)", "adamw + qk_norm", "muon +
+        qk_clip 100", "adamw + z_loss 0.0001", "adamw + softcap 50/30" (attention / output)."""
         options = self.config.get("optimizer_options") or {}
         ablations = [name for (key, value), name in ABLATIONS.items() if options.get(key) == value]
+        if self.config.get("batch_half_life_betas"):  # (the batch study's rule: each batch has its decays)
+            ablations.append(f"{self.config['batch_half_life_betas']} by half-life")
         label = self.config["optimizer"] + (f" ({', '.join(ablations)})" if ablations else "")
         label += " + qk_norm" if self.config.get("qk_norm") else ""
         tau = self.config.get("qk_clip_tau")
@@ -187,12 +190,15 @@ class Run:
         return None
 
 
-def _batch_only(runs: list[Run], varying: list[str], candidates: tuple[str, ...]) -> list[str]:
-    """The keys of ``varying`` among ``candidates`` that take one value at each batch of ``runs``."""
-    by_batch: dict[str, dict[int, set]] = {}
+def _batch_only(runs: list[Run], varying: list[str], candidates: tuple[str, ...], by_rule: bool = False) -> list[str]:
+    """The keys of ``varying`` among ``candidates`` that take one value at each batch of ``runs``
+    (``by_rule``: of the runs that hold the same decays at their half-life in tokens, so that a
+    batch may have the fixed decays of some runs and the half-life ones of others)."""
+    by_batch: dict[str, dict[tuple, set]] = {}
     for run in runs:
+        rule = (run.config.get("batch_half_life_betas") or "") if by_rule else None
         for key in candidates:
-            by_batch.setdefault(key, {}).setdefault(run.batch_size, set()).add(dict(run.point).get(key))
+            by_batch.setdefault(key, {}).setdefault((rule, run.batch_size), set()).add(dict(run.point).get(key))
     return [key for key in varying if key in by_batch and all(len(values) == 1 for values in by_batch[key].values())]
 
 
@@ -248,7 +254,7 @@ class Study:
             len({dict(r.point).get(key) for r in runs if r.config["optimizer"] == optimizer}) == 1
             for optimizer in self.varying if optimizer is not None)]
         self.with_batch_of = {optimizer: _batch_only([r for r in runs if r.config["optimizer"] == optimizer],
-                                                     keys, BATCH_DECAY_KEYS)
+                                                     keys, BATCH_DECAY_KEYS, by_rule=True)
                               for optimizer, keys in self.varying.items() if optimizer is not None}
 
     def label(self, run: Run) -> str:

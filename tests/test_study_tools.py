@@ -389,3 +389,148 @@ def test_the_cure_table_and_labels_hold_hand_written_capped_logits_and_log_z(tmp
     assert "| adamw + softcap 15/10 | 4 | 0.001 (selected) | 200 / 200 | 10 / 10 | 20 / 20 | 8 / 8 | 7.4 |" in table
     assert "| adamw + z_loss 0.0001 | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
     assert "| adamw | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
+
+
+# The small-batch section (report(small_batch=True), scripts/mini_study.py --preset small_batch):
+# (label, optimizer, batch, lr, seed) -> the final validation loss (the held-out loss is the same
+# plus HELDOUT_PER_LR x lr). AdamW with fixed betas at batches 8 and 32, AdamW with beta2 by
+# half-life (0.95 ** (B / 32)) at 1 and 8, SGD at 1 and 8; seeds 0 and 1 at the best lr, seed 0 at
+# the others.
+SMALL = {
+    ("fixed", "adamw", 8, 3e-3, 0): 2.30, ("fixed", "adamw", 8, 3e-3, 1): 2.34, ("fixed", "adamw", 8, 1e-3, 0): 2.40,
+    ("fixed", "adamw", 32, 3e-3, 0): 2.60, ("fixed", "adamw", 32, 3e-3, 1): 2.68, ("fixed", "adamw", 32, 1e-2, 0): 2.65,
+    ("half", "adamw", 1, 3e-3, 0): 2.10, ("half", "adamw", 1, 3e-3, 1): 2.12, ("half", "adamw", 1, 1e-3, 0): 2.12,
+    ("half", "adamw", 1, 1e-2, 0): 2.50,
+    ("half", "adamw", 8, 3e-3, 0): 2.25, ("half", "adamw", 8, 3e-3, 1): 2.31, ("half", "adamw", 8, 1e-2, 0): 2.40,
+    ("sgd", "sgd", 1, 0.3, 0): 2.00, ("sgd", "sgd", 1, 0.3, 1): 2.02, ("sgd", "sgd", 1, 0.1, 0): 2.05,
+    ("sgd", "sgd", 1, 1.0, 0): 2.015,
+    ("sgd", "sgd", 8, 1.0, 0): 2.50, ("sgd", "sgd", 8, 1.0, 1): 2.56, ("sgd", "sgd", 8, 0.3, 0): 2.60,
+}
+# Tokens a second each run logged: 1,000 x the micro-batch (a point's runs alike), so its wall time is known.
+MICRO = {1: 1, 8: 4, 32: 16}
+
+
+@pytest.fixture
+def small_batches(tmp_path):
+    for (arm, optimizer, batch, lr, seed), final in SMALL.items():
+        folder = tmp_path / "small" / f"{arm}_b{batch}_lr{lr:g}_s{seed}"
+        write_run(folder, optimizer, batch, lr, seed, final)
+        config = json.loads((folder / "config.json").read_text())
+        config.update({"micro_batch_size": MICRO[batch], "beta1": None, "beta2": None})
+        if optimizer == "adamw":
+            config.update({"beta1": 0.9, "beta2": 0.95 ** (batch / 32) if arm == "half" else 0.95,
+                           "batch_half_life_betas": "beta2" if arm == "half" else ""})
+        (folder / "config.json").write_text(json.dumps(config))
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for record in records:
+            if record.get("step"):
+                record["tokens_per_s"] = 1000.0 * MICRO[batch]
+        (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    return tmp_path / "small"
+
+
+def _paired(a: list[float], b: list[float]) -> str:
+    """A paired difference cell computed here: mean [mean -+ t(0.975, n-1) std / sqrt(n)] of a - b."""
+    diffs = [x - y for x, y in zip(a, b)]
+    mean, half = statistics.fmean(diffs), T_975[len(diffs) - 1] * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def _heldout(arm: str, batch: int, lr: float) -> list[float]:
+    return [final + HELDOUT_PER_LR * lr for (a, _, b, l, _), final in SMALL.items() if (a, b, l) == (arm, batch, lr)]
+
+
+def test_the_small_batch_section_holds_the_hand_computed_values(small_batches):
+    text = report(find_runs([small_batches]), None, "val/loss", "heldout/loss", small_batch=True)
+    # AdamW with beta2 by half-life is a point of its own beside AdamW's fixed betas, its beta2 named
+    # once, batch by batch; the fixed arm's is one value at every batch, so not named.
+    assert f"adamw (beta2 by half-life)'s beta2 goes with the batch (batch 1: {0.95 ** (1 / 32)}, batch 8: " \
+           f"{0.95 ** 0.25})." in text and "adamw's beta2" not in text
+    assert f"| adamw (beta2 by half-life) | {_cell(_heldout('half', 1, 3e-3), 3e-3)} | " in text
+    # Against the optimizer's largest batch, paired by seed: AdamW's is the fixed arm's 32 (for both
+    # arms), SGD's its 8.
+    largest = first_table(text, "## Small batches: each point against its optimizer's largest batch")
+    fixed32 = _heldout("fixed", 32, 3e-3)
+    assert (f"| adamw (beta2 by half-life) | 1 | {_mean_cell(_heldout('half', 1, 3e-3))} | adamw, batch 32 | "
+            f"{_paired(_heldout('half', 1, 3e-3), fixed32)} |") in largest
+    assert f"| adamw | 8 | {_mean_cell(_heldout('fixed', 8, 3e-3))} | adamw, batch 32 | " \
+           f"{_paired(_heldout('fixed', 8, 3e-3), fixed32)} |" in largest
+    assert f"| sgd | 1 | {_mean_cell(_heldout('sgd', 1, 0.3))} | sgd, batch 8 | " \
+           f"{_paired(_heldout('sgd', 1, 0.3), _heldout('sgd', 8, 1.0))} |" in largest
+    assert "| adamw | 32 |" not in largest and "| sgd | 8 |" not in largest  # (the references themselves)
+    # Against each AdamW point at the same batch: the half-life arm against the fixed one at 8 (the
+    # control), SGD against both where they ran; a row with neither is left out.
+    same = first_table(text, "## Small batches: against AdamW at the same batch")
+    assert same.splitlines()[0] == ("| point | batch | Δ vs adamw, paired by seed [95%] | Δ vs adamw (beta2 by "
+                                    "half-life), paired by seed [95%] |")
+    assert f"| adamw | 8 | - | {_paired(_heldout('fixed', 8, 3e-3), _heldout('half', 8, 3e-3))} |" in same
+    assert f"| sgd | 1 | - | {_paired(_heldout('sgd', 1, 0.3), _heldout('half', 1, 3e-3))} |" in same
+    assert (f"| sgd | 8 | {_paired(_heldout('sgd', 8, 1.0), _heldout('fixed', 8, 3e-3))} | "
+            f"{_paired(_heldout('sgd', 8, 1.0), _heldout('half', 8, 3e-3))} |") in same
+    assert "| adamw | 32 |" not in same and "| adamw (beta2 by half-life) | 1 |" not in same
+    # The range of good lrs, on seed 0's val/loss. SGD at batch 1: 2.05, 2.00, 2.015 at 0.1, 0.3, 1:
+    # within 1% of 2.00 (2.02) are 0.3 and 1, on the grid's edge; interpolated in log lr, the low end
+    # is 0.4 of the way from 0.3 to 0.1 ((2.02 - 2.00) / (2.05 - 2.00)), the high end the edge, 1.
+    lrs = first_table(text, "## Small batches: the range of good lrs")
+    low = 0.3 * (0.1 / 0.3) ** 0.4
+    assert f"| sgd | 1 | 3 | 0.3 (2.000) | 0.3, 1 | ≥ {1 / 0.3:.3g} | ≥ {1 / low:.3g} |" in lrs
+    # AdamW with beta2 by half-life at batch 1: 2.12, 2.10, 2.50 at 1e-3, 3e-3, 1e-2: 1e-3 and 3e-3 within
+    # 2.121, the low end the grid's edge, the high end 0.021 / 0.4 of the way from 3e-3 to 1e-2.
+    high = 3e-3 * (1e-2 / 3e-3) ** (0.021 / 0.40)
+    assert (f"| adamw (beta2 by half-life) | 1 | 3 | 0.003 (2.100) | 0.001, 0.003 | ≥ 3 | ≥ {high / 1e-3:.3g} |"
+            in lrs)
+    # AdamW (fixed) at batch 32: 2.60 at 3e-3, 2.65 at 1e-2 (above 2.626): the best alone, its width 1,
+    # the low end the edge, the high end 0.026 / 0.05 of the way to 1e-2.
+    assert f"| adamw | 32 | 2 | 0.003 (2.600) | 0.003 | ≥ 1 | ≥ {(1e-2 / 3e-3) ** (0.026 / 0.05):.3g} |" in lrs
+    # The wall time: each run logged 1,000 x its micro-batch tokens a second: 1e6 / (1,000 x micro)
+    # seconds per million tokens, batch x 8 tokens / (1,000 x micro) seconds per step.
+    wall = first_table(text, "## Small batches: wall time per token")
+    assert "| adamw (beta2 by half-life) | 1 | 1 x 1 | 40 | 1000.0 | 8.00 | 4 |" in wall
+    assert "| adamw | 8 | 4 x 2 | 40 | 250.0 | 16.00 | 3 |" in wall
+    assert "| adamw | 32 | 16 x 2 | 40 | 62.5 | 16.00 | 3 |" in wall
+    assert "## Small batches" not in report(find_runs([small_batches]), None, "val/loss", "heldout/loss")
+
+
+def _mean_cell(values: list[float]) -> str:
+    n, mean, std = len(values), statistics.fmean(values), statistics.stdev(values)
+    return f"{mean:.3f} ± {std:.3f} [±{T_975[n - 1] * std / math.sqrt(n):.3f}]"
+
+
+def test_an_lr_range_stops_at_a_diverged_neighbour(tmp_path):
+    """The lr next to the best diverged (seed 0 did not finish): the range ends at the best, and its
+    interpolated end there too (nothing to interpolate to); the best lr's other neighbour is within
+    the margin."""
+    for lr, final, diverged in ((1e-3, 2.01, None), (3e-3, 2.00, None), (1e-2, 1.5, 20)):
+        write_run(tmp_path / f"lr{lr:g}", "adamw", 4, lr, 0, final, diverged_at=diverged)
+    text = report(find_runs([tmp_path]), None, small_batch=True)
+    table = first_table(text, "## Small batches: the range of good lrs")
+    assert "| adamw | 4 | 3 | 0.003 (2.000) | 0.001, 0.003 | ≥ 3 | ≥ 3 |" in table
+
+
+def test_the_small_batch_figure_draws_each_optimizer_s_points_with_their_seeds(small_batches, tmp_path):
+    """A panel per optimizer (AdamW first), a line per point: its means at the selected lrs, error bars
+    from the lowest to the highest seed; AdamW's points grey in SGD's panel."""
+    runs = find_runs([small_batches])
+    fig = plot.plot_small_batch(Study(runs), "heldout/loss")
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["adamw", "sgd"]
+    bars = {container.get_label(): container for ax in axes for container in ax.containers}
+    assert sorted(bars) == ["adamw", "adamw (beta2 by half-life)", "sgd"]
+    x, y = bars["sgd"].lines[0].get_data()
+    sgd = [_heldout("sgd", 1, 0.3), _heldout("sgd", 8, 1.0)]
+    assert list(x) == [1, 8] and list(y) == pytest.approx([statistics.fmean(v) for v in sgd])
+    segments = bars["sgd"].lines[2][0].get_segments()  # (the error bars: lowest to highest seed)
+    ends = [y for v in sgd for y in (min(v), max(v))]
+    assert [y for s in segments for y in (s[0][1], s[1][1])] == pytest.approx(ends)
+    grey = [line for line in axes[1].get_lines() if line.get_color() == "grey"]
+    assert len(grey) == 2  # AdamW's two points, in SGD's panel
+    plt.close(fig)
+
+
+@pytest.mark.slow  # matplotlib, every figure twice
+def test_the_small_batch_figure_is_drawn_only_when_asked(small_batches, tmp_path):
+    runs = find_runs([small_batches])
+    assert "small_batch.png" not in {p.name for p in plot.draw_all(runs, tmp_path / "a", "val/loss", "heldout/loss")}
+    [figure] = [p for p in plot.draw_all(runs, tmp_path / "b", "val/loss", "heldout/loss", small_batch=True)
+                if p.name == "small_batch.png"]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
