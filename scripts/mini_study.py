@@ -7,6 +7,7 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --preset benchmark --archive docs/mini_study/benchmark.tar.xz
     python -m scripts.mini_study --preset llama_cures --archive docs/mini_study/llama_cures.tar.xz
     python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
+    python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -36,6 +37,18 @@ QK-Norm, z-loss, QK-Clip or soft-capping, and MERIT, beside plain AdamW) at one 
 and protocol; the grid centres are the paper preset's AdamW's and MERIT's. Written to
 runs/mini_study_llama_cures.
 
+``--preset small_batch``: the small-batch end (Marek et al. 2025, "Small Batch Size Training for
+Language Models"), batches 1, 2, 4, 8 and 32 (``SMALL_BATCH``: AdamW with beta2 by half-life, plain
+SGD and Adafactor at every one, MERIT with beta2 by half-life at 1 and 4, Muon with its AdamW part's
+beta2 by half-life at 4), each step one micro-step (no accumulation: a batch of one sequence cannot
+be split, and accumulation is what the claims weigh small batches against; so no noise scale is
+measured), written to runs/mini_study_small_batch, beside the paper preset's AdamW (fixed betas:
+the control), MERIT and Muon records at 8 to 512 (``BESIDE``, as the benchmark preset). beta2 keeps
+the half-life in tokens of 0.95 at batch 128 (``HALF_LIFE_BATCH``: 0.95 ** (B / 128)); its report
+and figures add the small-batch section (scripts/report.py and scripts/plot.py ``--small-batch``):
+each point against its optimizer's largest batch and against AdamW at the same batch, paired by
+seed, the range of good lrs, the wall time per token, and ``small_batch.png``.
+
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
 number read on heldout/loss, validation tokens the choice never saw) and ``figures/``
@@ -43,8 +56,9 @@ number read on heldout/loss, validation tokens the choice never saw) and ``figur
 logit against the batch, B_simple over training against the batches, ...). ``--archive`` also
 packs every run's config.json and metrics.jsonl into one xz-compressed tar, from which ``python -m
 scripts.report ARCHIVE --report-on heldout/loss`` and ``python -m scripts.plot ARCHIVE --report-on
-heldout/loss`` draw the same tables and figures without the runs. Rerunning skips finished runs
-and resumes interrupted ones. The Shakespeare byte shards are prepared if missing.
+heldout/loss`` (with ``--small-batch`` for the small_batch preset) draw the same tables and figures
+without the runs. Rerunning skips finished runs and resumes interrupted ones. The Shakespeare byte
+shards are prepared if missing.
 """
 from __future__ import annotations
 
@@ -111,8 +125,37 @@ CURES = {
                        "final_logit_softcap": CURES_FINAL_SOFTCAP}, 3e-3, 0.0),
     "merit": ({"optimizer": "merit"}, 3e-2, 0.5),
 }
+# The small-batch end (Marek et al. 2025, "Small Batch Size Training for Language Models": down to
+# one sequence, beta2 held at its half-life in tokens, plain SGD and Adafactor competitive, a wider
+# range of good lrs, accumulation wasteful), below the paper preset's 8 to 512, whose AdamW (fixed
+# (0.9, 0.95): the control), MERIT and Muon records it is placed against (BESIDE). Every second
+# moment's decay here keeps the half-life in tokens it has at HALF_LIFE_BATCH with (0.9, 0.95):
+# beta2 = 0.95 ** (B / 128), 0.9996 at batch 1 (a half-life of 13.5 steps of 128 x 64 tokens, 111k
+# tokens, a tenth of the budget; from 512 it would be 443k, 42% of it, and 0.9999 at batch 1 as the
+# authors' GPT-2 has it). beta1 and Muon's momentum are first moments, the update's direction, and
+# stay (the authors scale beta2 alone: their batch-1 Adam keeps beta1 0.9); Muon's beta2 is its
+# AdamW part's (embeddings, head, vectors). Adafactor's decay_rate (0.9999, the authors') is the
+# exponent of the step count in beta2 = 1 - t ** -decay_rate, not a per-step decay: there is nothing
+# to scale (optim/adafactor.py). Plain SGD: no momentum, no weight decay, the authors' baseline.
+HALF_LIFE_BATCH = REFERENCE_BATCH
+SMALL_BATCH = {
+    "adamw_halflife": ({"optimizer": "adamw", "batch_half_life_betas": "beta2"}, 3e-3, 0.0),
+    # SGD's and Adafactor's centres: a one-seed pilot of this preset at batches 4 and 32, whose best lrs
+    # did not move with the batch (SGD's 0.5 to 1.6 at 4, 0.5 at 32; Adafactor's 0.045 at both, nine
+    # times the authors' 0.005: here its lr is a step relative to each tensor's RMS, of a smaller model).
+    "sgd": ({"optimizer": "sgd", "weight_decay": 0.0, "optimizer_options": {"momentum": 0.0}}, 0.5, 0.0),
+    "adafactor": ({"optimizer": "adafactor", "weight_decay": 0.0, "optimizer_options": {"decay_rate": 0.9999}},
+                  0.045, 0.0),
+    "merit_halflife": ({"optimizer": "merit", "batch_half_life_betas": "beta2"}, 3e-2, 0.5),
+    # (Muon's centre is its selections' here, 0.015 at batch 8 to 0.06 at 128, not the paper preset's pilot's.)
+    "muon_halflife": ({"optimizer": "muon", "batch_half_life_betas": "beta2"}, 6e-2, 0.5),
+}
+SMALL_BATCHES = (1, 2, 4, 8, 32)
+# Where an optimizer runs at fewer batches than the preset's (its time: a batch-1 run takes 16,384
+# steps; Muon's Newton-Schulz iterations make each of them about 4x AdamW's on this CPU).
+SMALL_BATCH_ONLY_AT = {"merit_halflife": (1, 4), "muon_halflife": (4,)}
 ARCHIVE = ROOT / "docs/mini_study/runs.tar.xz"  # the paper preset's committed records
-BESIDE = ("adamw", "merit", "muon")  # what the benchmark preset is placed against, from ARCHIVE
+BESIDE = ("adamw", "merit", "muon")  # what the benchmark and small_batch presets are placed against, from ARCHIVE
 
 
 class Preset(NamedTuple):
@@ -123,6 +166,9 @@ class Preset(NamedTuple):
     base: dict  # changes to BASE
     batches: tuple[int, ...]  # the default --batches
     seeds: int  # the default --seeds
+    micro_steps: int = 2  # accumulation micro-steps a step (2: the noise scale is measured; 1: none)
+    only_at: dict = {}  # {optimizer: the only batches it runs at}
+    small_batch: bool = False  # the report's and figures' small-batch section (study/report.py)
 
 
 PRESETS = {
@@ -130,15 +176,20 @@ PRESETS = {
     "benchmark": Preset(BENCHMARK, {}, Path("runs/mini_study_benchmark"), BESIDE, {}, BATCHES, 3),
     "llama_cures": Preset(CURES, {}, Path("runs/mini_study_llama_cures"), (), {"model": "llama_nano", "n_embd": 128},
                           (64,), 1),
+    "small_batch": Preset(SMALL_BATCH, {}, Path("runs/mini_study_small_batch"), BESIDE, {}, SMALL_BATCHES, 3,
+                          micro_steps=1, only_at=SMALL_BATCH_ONLY_AT, small_batch=True),
 }
 
 
-def schedule(batch: int, tokens: int, block: int) -> dict:
-    """What follows from the batch: two accumulation micro-steps (so the gradient noise scale is
-    measured), a warmup of 5% of the steps (at least 5), 8 evaluations and 16 log steps."""
+def schedule(batch: int, tokens: int, block: int, micro_steps: int = 2) -> dict:
+    """What follows from the batch: ``micro_steps`` accumulation micro-steps (two, so that the
+    gradient noise scale is measured; the small_batch preset's one: a batch of one sequence cannot
+    be split, and accumulation is what it is compared against, so it measures no noise scale), a
+    warmup of 5% of the steps (at least 5), 8 evaluations and 16 log steps."""
     steps = tokens // (batch * block)
-    return {"max_tokens": tokens, "batch_size": batch, "micro_batch_size": batch // 2, "warmup_steps": max(5, round(0.05 * steps)),
-            "eval_interval": max(1, steps // 8), "log_interval": max(1, steps // 16)}
+    return {"max_tokens": tokens, "batch_size": batch, "micro_batch_size": batch // micro_steps,
+            "warmup_steps": max(5, round(0.05 * steps)), "eval_interval": max(1, steps // 8),
+            "log_interval": max(1, steps // 16)}
 
 
 def lr_grid(centre: float, exponent: float, batch: int) -> list[float]:
@@ -154,11 +205,14 @@ class Studied:
     """One optimizer at one batch: its sweep folder and the points run so far."""
 
     def __init__(self, name: str, changes: dict, batch: int, out: Path, base: Path, overrides: list[str],
-                 tokens: int, block: int):
+                 tokens: int, block: int, micro_steps: int = 2):
         self.name, self.batch = name, batch
         self.folder = out / name / f"b{batch}"
-        self.fixed = [*(f"--{k}={v!r}" for k, v in {**changes, **schedule(batch, tokens, block)}.items()), *overrides]
+        self.fixed = [*(f"--{k}={v!r}" for k, v in {**changes, **schedule(batch, tokens, block, micro_steps)}.items()),
+                      *overrides]
         self.base = base
+        # The decays it holds at their half-life in tokens from HALF_LIFE_BATCH's (the sweep's rule).
+        self.betas = tuple(name for name in changes.get("batch_half_life_betas", "").split(",") if name)
         self.points: list[sweep.Point] = []
 
     def add(self, lrs: list[float], seeds: list[int]) -> list[sweep.Point]:
@@ -167,7 +221,7 @@ class Studied:
         known = {p.name for p in self.points}
         planned = [point for seed in seeds for point in sweep.plan(
             str(self.base), {"lr": lrs, "seed": [seed]}, [*self.fixed, f"--data_seed={seed}"], self.folder, "none",
-            "none", None)]
+            "none", HALF_LIFE_BATCH if self.betas else None, self.betas)]
         new = [p for p in planned if p.name not in known]
         sweep.write_points(new, str(self.base), "python -m scripts.mini_study")
         self.points += new
@@ -206,8 +260,10 @@ def write_base(out: Path, preset: Preset, data_dir: str) -> Path:
 
 
 def run(points: list[sweep.Point], jobs: int) -> None:
+    """The points, the longest first (the smallest batch: the most steps), so that ``jobs`` at once
+    end together."""
     if points:
-        sweep.launch_local(points, nproc=1, jobs=jobs)
+        sweep.launch_local(sorted(points, key=lambda p: p.config.batch_size), nproc=1, jobs=jobs)
 
 
 def unpack_beside(out: Path, optimizers: tuple[str, ...]) -> None:
@@ -223,14 +279,19 @@ def main(argv=None) -> None:
     parser.add_argument("--preset", choices=PRESETS, default="paper",
                         help="paper: AdamW, LAMB, MERIT, Muon (and two at the largest batch only); benchmark: the "
                              "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon; llama_cures: "
-                             "the five logit cures on the small Llama")
+                             "the five logit cures on the small Llama; small_batch: batches down to one sequence "
+                             "(AdamW with beta2 by half-life, SGD, Adafactor, MERIT, Muon), beside the paper "
+                             "preset's AdamW, MERIT and Muon")
     parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark, "
-                                                 "runs/mini_study_llama_cures")
+                                                 "runs/mini_study_llama_cures, runs/mini_study_small_batch")
     parser.add_argument("--optimizers", help=f"comma-separated (default: the preset's), of: "
                                              f"{', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the largest "
-                                             f"batch only), {', '.join(BENCHMARK)} or {', '.join(CURES)}")
+                                             f"batch only), {', '.join(BENCHMARK)}, {', '.join(CURES)} or "
+                                             f"{', '.join(SMALL_BATCH)}")
     parser.add_argument("--batches", help="global batches (sequences; default: the preset's, "
-                                          f"{','.join(map(str, BATCHES))} or llama_cures' 64)")
+                                          f"{','.join(map(str, BATCHES))}, llama_cures' 64 or small_batch's "
+                                          f"{','.join(map(str, SMALL_BATCHES))}; an optimizer the preset runs at "
+                                          f"some batches only runs at those of them)")
     parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "
                                                   "llama_cures' 1)")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
@@ -264,8 +325,9 @@ def main(argv=None) -> None:
     base = write_base(out, preset, data_dir)
     overrides = [f"--{item}" for item in args.set]
     block = int(dict(item.split("=", 1) for item in args.set).get("block_size", BLOCK))
-    studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block)
-               for name in names for batch in batches if name in every_batch or batch == batches[-1]]
+    studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block, preset.micro_steps)
+               for name in names for batch in batches if (name in every_batch or batch == batches[-1])
+               and batch in preset.only_at.get(name, (batch,))]
 
     print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
     first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])]
@@ -287,12 +349,13 @@ def main(argv=None) -> None:
 
     unpack_beside(out, beside)
     runs = [r for r in find_runs([out]) if r.final("val/loss") is not None]
-    tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss")
+    tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss", small_batch=preset.small_batch)
     with atomic_write(out / "report.md", "w") as f:
         f.write(tables)
     print(tables, end="")
     if not args.no_figures:
-        draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
+        draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss",  # the figures of the tables
+                 small_batch=preset.small_batch)
     if args.archive:
         pack_runs(runs, out, args.archive, beside=(ARCHIVE, beside) if beside else None)
     minutes = (time.perf_counter() - start) / 60

@@ -11,7 +11,7 @@ import pytest
 
 from configs import load_config
 from helpers import ROOT
-from study.report import report
+from study.report import first_table, report
 from study.runs import find_runs
 
 
@@ -113,3 +113,75 @@ def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_
             changed = {key: value for key, value in config.items() if value != adamw[key] and key != "out_dir"}
             assert changed == cures[name], name
     assert {configs[key]["optimizer"] for key in configs if key[0] == "merit"} == {"merit"}
+
+
+def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by_half_life(tmp_path):
+    """--preset small_batch, planned only (--dry-run): each arm at its batches (MERIT at 1 and 4, Muon at
+    4 only), every point one micro-step a step (micro-batch = batch), the token budget, warmup and
+    evaluations of the mini-study's rule, and the second moments' beta2 at the half-life in tokens
+    of 0.95 at batch 128 (0.95 ** (B / 128)), the first moments' decays as published; SGD without
+    momentum or weight decay, Adafactor at the authors' decay_rate; each grid the centre scaled by
+    (B / 128) ** exponent, x3 apart."""
+    from scripts.mini_study import SMALL_BATCH, lr_grid
+    out = tmp_path / "small"
+    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", "--dry-run",
+                             f"--out={out}", f"--data-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
+    assert not (out / "adamw").exists()  # (the paper preset's records are unpacked for the report only)
+    configs = {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
+    batches = {name: sorted({int(batch[1:]) for n, batch, _ in configs if n == name}) for name, _, _ in configs}
+    assert batches == {"adamw_halflife": [1, 2, 4, 8, 32], "sgd": [1, 2, 4, 8, 32], "adafactor": [1, 2, 4, 8, 32],
+                       "merit_halflife": [1, 4], "muon_halflife": [4]}
+    for (name, batch, point), config in configs.items():
+        b = int(batch[1:])
+        steps = 1_048_576 // (64 * b)
+        assert (config["batch_size"], config["micro_batch_size"], config["max_tokens"]) == (b, b, 1_048_576)
+        assert (config["warmup_steps"], config["eval_interval"], config["log_interval"]) == (
+            max(5, round(0.05 * steps)), steps // 8, steps // 16)
+        assert point.endswith("_s0") and config["seed"] == config["data_seed"] == 0
+        changes, centre, exponent = SMALL_BATCH[name]
+        assert config["optimizer"] == changes["optimizer"]
+        assert sorted(float(p.split("_")[0][2:]) for n, bb, p in configs if (n, bb) == (name, batch)) == \
+            lr_grid(centre, exponent, b)
+        if name.endswith("_halflife"):
+            assert config["batch_half_life_betas"] == "beta2"
+            assert config["beta2"] == pytest.approx(0.95 ** (b / 128), rel=1e-12) and config["beta1"] == 0.9
+        else:
+            assert config["batch_half_life_betas"] == "" and config["beta1"] is None and config["beta2"] is None
+            assert config["weight_decay"] == 0.0
+    assert {configs[key]["optimizer_options"]["momentum"] for key in configs if key[0] == "muon_halflife"} == {0.95}
+    assert {configs[key]["optimizer_options"]["momentum"] for key in configs if key[0] == "sgd"} == {0.0}
+    assert {configs[key]["optimizer_options"]["decay_rate"] for key in configs if key[0] == "adafactor"} == {0.9999}
+    assert configs[("adamw_halflife", "b1", "lr0.003_s0")]["beta2"] == pytest.approx(0.9996, abs=1e-4)
+
+
+@pytest.mark.slow  # tiny runs in processes of their own, then the report, the small-batch figure and the archive
+def test_the_small_batch_preset_reports_beside_the_paper_preset_s_records(tmp_path, byte_shards):
+    out, archive = tmp_path / "small", tmp_path / "small_batch.tar.xz"
+    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
+            "probe_batch_size=2"]
+    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", f"--out={out}",
+                             f"--data-dir={byte_shards}", "--optimizers=adamw_halflife,sgd", "--batches=1,2",
+                             "--seeds=2", "--tokens=512", "--extend=0", "--jobs=2", f"--archive={archive}",
+                             *(f"--set={t}" for t in tiny)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = find_runs([archive])
+    trained = [r for r in runs if r.folder.relative_to(archive).parts[0] in ("adamw_halflife", "sgd")]
+    assert all(r.config["micro_batch_size"] == r.batch_size for r in trained)
+    with tarfile.open(archive) as tar:  # (the paper's records read from its archive, not copied into this one)
+        assert {name.split("/")[0] for name in tar.getnames()} == {"adamw_halflife", "sgd", "beside.json"}
+    text = (out / "report.md").read_text()
+    assert report(runs, None, "val/loss", "heldout/loss", small_batch=True) == text
+    for heading in ("## Small batches: each point against its optimizer's largest batch",
+                    "## Small batches: against AdamW at the same batch", "## Small batches: the range of good lrs",
+                    "## Small batches: wall time per token"):
+        assert heading in text
+    # Each against its own largest batch, 2 (the paper preset's AdamW trained another model: not its
+    # plain optimizer's point), paired by seed: both seeds at each.
+    largest = first_table(text, "## Small batches: each point against its optimizer's largest batch")
+    for label in ("adamw (beta2 by half-life)", "sgd"):
+        row = next(line for line in largest.splitlines() if line.startswith(f"| {label}, "))
+        assert ", batch 2 | " in row and row.count("[") == 2 and "| 1 |" in row
+    assert (out / "figures" / "small_batch.png").is_file()
