@@ -44,10 +44,11 @@ beta2 by half-life at 4), each step one micro-step (no accumulation: a batch of 
 be split, and accumulation is what the claims weigh small batches against; so no noise scale is
 measured), written to runs/mini_study_small_batch, beside the paper preset's AdamW (fixed betas:
 the control), MERIT and Muon records at 8 to 512 (``BESIDE``, as the benchmark preset). beta2 keeps
-the half-life in tokens of 0.95 at batch 128 (``HALF_LIFE_BATCH``: 0.95 ** (B / 128)); its report
-and figures add the small-batch section (scripts/report.py and scripts/plot.py ``--small-batch``):
-each point against its optimizer's largest batch and against AdamW at the same batch, paired by
-seed, the range of good lrs, the wall time per token, and ``small_batch.png``.
+the half-life in tokens of 0.95 at batch 128 (``HALF_LIFE_BATCH``: 0.95 ** (B / 128)). Its report
+and figures add the small-batch section, as scripts/report.py and scripts/plot.py do for any runs
+that reach a batch of one sequence: each point against its optimizer's largest batch and against
+AdamW at the same batch, paired by seed, the range of good lrs, the wall time per token, and
+``small_batch.png``.
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every
@@ -56,9 +57,8 @@ number read on heldout/loss, validation tokens the choice never saw) and ``figur
 logit against the batch, B_simple over training against the batches, ...). ``--archive`` also
 packs every run's config.json and metrics.jsonl into one xz-compressed tar, from which ``python -m
 scripts.report ARCHIVE --report-on heldout/loss`` and ``python -m scripts.plot ARCHIVE --report-on
-heldout/loss`` (with ``--small-batch`` for the small_batch preset) draw the same tables and figures
-without the runs. Rerunning skips finished runs and resumes interrupted ones. The Shakespeare byte
-shards are prepared if missing.
+heldout/loss`` draw the same tables and figures without the runs. Rerunning skips finished runs
+and resumes interrupted ones. The Shakespeare byte shards are prepared if missing.
 """
 from __future__ import annotations
 
@@ -168,7 +168,6 @@ class Preset(NamedTuple):
     seeds: int  # the default --seeds
     micro_steps: int = 2  # accumulation micro-steps a step (2: the noise scale is measured; 1: none)
     only_at: dict = {}  # {optimizer: the only batches it runs at}
-    small_batch: bool = False  # the report's and figures' small-batch section (study/report.py)
 
 
 PRESETS = {
@@ -177,7 +176,7 @@ PRESETS = {
     "llama_cures": Preset(CURES, {}, Path("runs/mini_study_llama_cures"), (), {"model": "llama_nano", "n_embd": 128},
                           (64,), 1),
     "small_batch": Preset(SMALL_BATCH, {}, Path("runs/mini_study_small_batch"), BESIDE, {}, SMALL_BATCHES, 3,
-                          micro_steps=1, only_at=SMALL_BATCH_ONLY_AT, small_batch=True),
+                          micro_steps=1, only_at=SMALL_BATCH_ONLY_AT),
 }
 
 
@@ -349,13 +348,12 @@ def main(argv=None) -> None:
 
     unpack_beside(out, beside)
     runs = [r for r in find_runs([out]) if r.final("val/loss") is not None]
-    tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss", small_batch=preset.small_batch)
+    tables = report(runs, target=None, select_on="val/loss", report_on="heldout/loss")
     with atomic_write(out / "report.md", "w") as f:
         f.write(tables)
     print(tables, end="")
     if not args.no_figures:
-        draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss",  # the figures of the tables
-                 small_batch=preset.small_batch)
+        draw_all(runs, out / "figures", select_on="val/loss", report_on="heldout/loss")  # the figures of the tables
     if args.archive:
         pack_runs(runs, out, args.archive, beside=(ARCHIVE, beside) if beside else None)
     minutes = (time.perf_counter() - start) / 60

@@ -30,7 +30,8 @@ scripts/report.py's tables. Logit axes are symmetric-log (linear within [-1, 1])
   multiplier's EMA-smoothed training loss over its branch (the mean over seeds);
 * ``cbs.png``: the critical batch B* over training by the paper's rule (``--epsilon``, ``--ema``)
   with the live B_simple beside it, one line per run, a panel per optimizer;
-* ``small_batch.png`` (``--small-batch``, the small_batch preset's): the final --report-on metric
+* ``small_batch.png`` (where the runs reach a batch of one sequence, or ``--small-batch``: the
+  report's small-batch section, scripts/mini_study.py --preset small_batch): the final --report-on metric
   against the batch, a panel per optimizer, a line per point with its seeds' range as error bars,
   AdamW's points grey in the other panels.
 All but the two loss figures are drawn where the runs logged their keys (train.py does at every
@@ -49,8 +50,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=Path("figures"), help="where the PNGs go (default: figures/)")
     parser.add_argument("--epsilon", type=float, default=0.01, help="the critical batch's rule (scripts/cbs.py)")
     parser.add_argument("--ema", type=float, default=0.5, help="the critical batch's rule: the loss's smoothing")
-    parser.add_argument("--small-batch", action="store_true", help="also small_batch.png (scripts/mini_study.py "
-                                                                   "--preset small_batch: see above)")
+    parser.add_argument("--small-batch", action="store_true", default=None,
+                        help="draw small_batch.png also where the runs do not reach a batch of one sequence")
     args = parser.parse_args(argv)
     runs = study_runs(args, "plot")
     written = draw_all(runs, args.out, args.select_on, args.report_on, branch_runs(args.paths), args.epsilon, args.ema,

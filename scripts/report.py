@@ -23,12 +23,13 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;
 * the Hessian's top eigenvalue and trace (scripts/hessian.py's ``hessian.json``), when present and
   of the run folder's checkpoint of its step (study/runs.py; another model's is named on stderr);
-* with ``--small-batch`` (the small_batch preset's), the small-batch section (Marek et al. 2025's
-  claims): each point against its optimizer's largest batch, paired by seed (AdamW with beta2 by
-  half-life against AdamW's with fixed betas); against every AdamW point at the same batch; the
-  range of good lrs (those next to the best whose seed-0 loss is within 1% of its, and that range's
-  width, also interpolated in log lr; "≥" where it reaches the grid's edge); the wall time per
-  million tokens and per step with the micro-batch and the micro-steps accumulated;
+* where the runs reach a batch of one sequence (scripts/mini_study.py --preset small_batch), or
+  with ``--small-batch``, the small-batch section (Marek et al. 2025's claims): each point against
+  its optimizer's largest batch, paired by seed (AdamW with beta2 by half-life against AdamW's with
+  fixed betas); against every AdamW point at the same batch; the range of good lrs (those next to
+  the best whose seed-0 loss is within 1% of its, and that range's width, also interpolated in log
+  lr; "≥" where it reaches the grid's edge); the wall time per million tokens and per step with the
+  micro-batch and the micro-steps accumulated;
 * the critical batch size over training of each run that holds branches (scripts/cbs.py): per
   checkpoint k* and B* by ``--epsilon`` on the ``--ema``-smoothed losses (and by the interval of
   the paired differences with several seeds), beside the run's live B_simple.
@@ -53,8 +54,9 @@ def main(argv=None) -> None:
     parser.add_argument("--epsilon", type=float, default=0.01, help="the critical batch's rule: the loss a larger "
                                                                     "batch may lose (scripts/cbs.py)")
     parser.add_argument("--ema", type=float, default=0.5, help="the critical batch's rule: the loss's smoothing")
-    parser.add_argument("--small-batch", action="store_true", help="add the small-batch section (scripts/mini_study.py "
-                                                                   "--preset small_batch: see above)")
+    parser.add_argument("--small-batch", action="store_true", default=None,
+                        help="add the small-batch section also where the runs do not reach a batch of one sequence "
+                             "(see above)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--update", type=Path, metavar="FILE", help="refresh FILE's blocks of this report's tables")
     args = parser.parse_args(argv)

@@ -27,7 +27,7 @@ from PIL import Image  # noqa: E402
 
 from atomic import atomic_write  # noqa: E402
 from study import cbs  # noqa: E402
-from study.report import peak_logit, ramps_of, selected_finals  # noqa: E402
+from study.report import peak_logit, ramps_of, reaches_one_sequence, selected_finals  # noqa: E402
 from study.runs import Run, Selection, Study, summary  # noqa: E402
 
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
@@ -470,11 +470,12 @@ CBS_FIGURES = ("cbs_branches", "cbs", "ramps")
 
 def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on: str | None = None,
              branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5,
-             only: tuple[str, ...] | None = None, small_batch: bool = False) -> list[Path]:
+             only: tuple[str, ...] | None = None, small_batch: bool | None = None) -> list[Path]:
     """Every figure of ``runs`` (or those named in ``only``) into the folder ``out`` (each point's
     lr chosen on ``select_on``, the loss figures drawn on ``report_on``, default the same: the
     report's rule; with the ``branches`` of some of them, the critical batch's figures by
-    ``epsilon`` and ``ema``; ``small_batch``: and the small-batch section's figure); the files written."""
+    ``epsilon`` and ``ema``; and the small-batch section's figure where ``small_batch`` says so, by
+    default where the runs reach a batch of one sequence, as the report's section); the files written."""
     report_on = report_on or select_on
     study = Study(runs, select_on)
     out.mkdir(parents=True, exist_ok=True)
@@ -486,7 +487,8 @@ def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on:
                "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study),
                "cbs_branches": lambda: plot_cbs_branches(runs, branches, ema),
                "cbs": lambda: plot_cbs(runs, branches, epsilon, ema), "ramps": lambda: plot_ramps(runs, report_on),
-               **({"small_batch": lambda: plot_small_batch(study, report_on)} if small_batch else {})}
+               **({"small_batch": lambda: plot_small_batch(study, report_on)}
+                  if (reaches_one_sequence(runs) if small_batch is None else small_batch) else {})}
     for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn
         if only is not None and name not in only:
             continue

@@ -390,8 +390,8 @@ def hessian_table(best: dict) -> str | None:
     return table(["point", "batch", "top eigenvalue", "trace"], rows) if rows else None
 
 
-# The small-batch section (report(small_batch=True); scripts/mini_study.py --preset small_batch): the
-# claims of Marek et al. 2025 on this axis, each in a table.
+# The small-batch section (scripts/mini_study.py --preset small_batch): the claims of Marek et al.
+# 2025 on this axis, each in a table; in a report of runs that reach a batch of one sequence, or asked for.
 LR_MARGIN = 0.01  # an lr is near the best where its loss is within 1% of the best's
 
 
@@ -520,6 +520,12 @@ def wall_time_table(study: Study) -> str:
                   "ms per step (median)", "runs"], rows)
 
 
+def reaches_one_sequence(runs: list[Run]) -> bool:
+    """Whether ``runs`` hold a batch of one sequence: the small-batch section and figure are theirs
+    unless asked otherwise (so an archive of them gives them as the preset that ran them did)."""
+    return any(run.batch_size == 1 for run in runs)
+
+
 def small_batch_sections(study: Study, best: dict, report_on: str) -> list[str]:
     """The small-batch section's headings and tables (Marek et al. 2025's four claims)."""
     sections = []
@@ -537,11 +543,13 @@ def small_batch_sections(study: Study, best: dict, report_on: str) -> list[str]:
 
 
 def report(runs: list[Run], target: float | None, select_on: str = "val/loss", report_on: str | None = None,
-           branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5, small_batch: bool = False) -> str:
+           branches: list[Run] = (), epsilon: float = 0.01, ema: float = 0.5,
+           small_batch: bool | None = None) -> str:
     """The report of ``runs``: the lr of each point chosen on ``select_on``, the numbers reported
     on ``report_on`` (default the same; e.g. a held-out split's loss); with the ``branches`` of
     some of them (or among ``runs``), their critical batch sizes (study/cbs.py's rule: ``epsilon``,
-    ``ema``); ``small_batch``: and the small-batch section (``small_batch_sections``)."""
+    ``ema``); and the small-batch section (``small_batch_sections``) where ``small_batch`` says so,
+    by default where the runs reach a batch of one sequence (``reaches_one_sequence``)."""
     branches = [*branches, *(r for r in runs if is_branch(r))]
     runs = [r for r in runs if not is_branch(r)]
     report_on = report_on or select_on
@@ -567,7 +575,7 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
         comparison = comparison_table(best, report_on, optimizer)
         if comparison:
             sections += [f"## Against {optimizer} ({report_on})", comparison]
-    if small_batch:
+    if reaches_one_sequence(runs) if small_batch is None else small_batch:
         sections += small_batch_sections(study, best, report_on)
     sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",

@@ -173,7 +173,7 @@ def test_the_small_batch_preset_reports_beside_the_paper_preset_s_records(tmp_pa
     with tarfile.open(archive) as tar:  # (the paper's records read from its archive, not copied into this one)
         assert {name.split("/")[0] for name in tar.getnames()} == {"adamw_halflife", "sgd", "beside.json"}
     text = (out / "report.md").read_text()
-    assert report(runs, None, "val/loss", "heldout/loss", small_batch=True) == text
+    assert report(runs, None, "val/loss", "heldout/loss") == text  # (batch 1: the small-batch section by itself)
     for heading in ("## Small batches: each point against its optimizer's largest batch",
                     "## Small batches: against AdamW at the same batch", "## Small batches: the range of good lrs",
                     "## Small batches: wall time per token"):

@@ -391,7 +391,7 @@ def test_the_cure_table_and_labels_hold_hand_written_capped_logits_and_log_z(tmp
     assert "| adamw | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
 
 
-# The small-batch section (report(small_batch=True), scripts/mini_study.py --preset small_batch):
+# The small-batch section (a report of runs that reach batch 1, scripts/mini_study.py --preset small_batch):
 # (label, optimizer, batch, lr, seed) -> the final validation loss (the held-out loss is the same
 # plus HELDOUT_PER_LR x lr). AdamW with fixed betas at batches 8 and 32, AdamW with beta2 by
 # half-life (0.95 ** (B / 32)) at 1 and 8, SGD at 1 and 8; seeds 0 and 1 at the best lr, seed 0 at
@@ -441,7 +441,7 @@ def _heldout(arm: str, batch: int, lr: float) -> list[float]:
 
 
 def test_the_small_batch_section_holds_the_hand_computed_values(small_batches):
-    text = report(find_runs([small_batches]), None, "val/loss", "heldout/loss", small_batch=True)
+    text = report(find_runs([small_batches]), None, "val/loss", "heldout/loss")  # (batch 1: the section by itself)
     # AdamW with beta2 by half-life is a point of its own beside AdamW's fixed betas, its beta2 named
     # once, batch by batch; the fixed arm's is one value at every batch, so not named.
     assert f"adamw (beta2 by half-life)'s beta2 goes with the batch (batch 1: {0.95 ** (1 / 32)}, batch 8: " \
@@ -488,7 +488,8 @@ def test_the_small_batch_section_holds_the_hand_computed_values(small_batches):
     assert "| adamw (beta2 by half-life) | 1 | 1 x 1 | 40 | 1000.0 | 8.00 | 4 |" in wall
     assert "| adamw | 8 | 4 x 2 | 40 | 250.0 | 16.00 | 3 |" in wall
     assert "| adamw | 32 | 16 x 2 | 40 | 62.5 | 16.00 | 3 |" in wall
-    assert "## Small batches" not in report(find_runs([small_batches]), None, "val/loss", "heldout/loss")
+    assert "## Small batches" not in report(find_runs([small_batches]), None, "val/loss", "heldout/loss",
+                                            small_batch=False)
 
 
 def _mean_cell(values: list[float]) -> str:
@@ -502,7 +503,7 @@ def test_an_lr_range_stops_at_a_diverged_neighbour(tmp_path):
     the margin."""
     for lr, final, diverged in ((1e-3, 2.01, None), (3e-3, 2.00, None), (1e-2, 1.5, 20)):
         write_run(tmp_path / f"lr{lr:g}", "adamw", 4, lr, 0, final, diverged_at=diverged)
-    text = report(find_runs([tmp_path]), None, small_batch=True)
+    text = report(find_runs([tmp_path]), None, small_batch=True)  # (batch 4 alone: asked for)
     table = first_table(text, "## Small batches: the range of good lrs")
     assert "| adamw | 4 | 3 | 0.003 (2.000) | 0.001, 0.003 | ≥ 3 | ≥ 3 |" in table
 
@@ -528,9 +529,10 @@ def test_the_small_batch_figure_draws_each_optimizer_s_points_with_their_seeds(s
 
 
 @pytest.mark.slow  # matplotlib, every figure twice
-def test_the_small_batch_figure_is_drawn_only_when_asked(small_batches, tmp_path):
+def test_the_small_batch_figure_is_drawn_where_the_runs_reach_one_sequence(small_batches, tmp_path):
     runs = find_runs([small_batches])
-    assert "small_batch.png" not in {p.name for p in plot.draw_all(runs, tmp_path / "a", "val/loss", "heldout/loss")}
-    [figure] = [p for p in plot.draw_all(runs, tmp_path / "b", "val/loss", "heldout/loss", small_batch=True)
+    [figure] = [p for p in plot.draw_all(runs, tmp_path / "a", "val/loss", "heldout/loss")
                 if p.name == "small_batch.png"]
+    assert "small_batch.png" not in {p.name for p in plot.draw_all([r for r in runs if r.batch_size > 1],
+                                                                   tmp_path / "b", "val/loss", "heldout/loss")}
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
