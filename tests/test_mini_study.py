@@ -122,7 +122,14 @@ def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by
     of 0.95 at batch 128 (0.95 ** (B / 128)), the first moments' decays as published; SGD without
     momentum or weight decay, Adafactor at the authors' decay_rate; each grid the centre scaled by
     (B / 128) ** exponent, x3 apart."""
-    from scripts.mini_study import SMALL_BATCH, lr_grid
+    # Each arm's optimizer and grid centre at batch 128 with its exponent in the batch (the preset's, typed here).
+    arms = {"adamw_halflife": ("adamw", 3e-3, 0.0), "sgd": ("sgd", 0.5, 0.0), "adafactor": ("adafactor", 0.045, 0.0),
+            "merit_halflife": ("merit", 3e-2, 0.5), "muon_halflife": ("muon", 6e-2, 0.5)}
+
+    def grid(centre, exponent, batch):  # x3 apart around the centre scaled to the batch, 3 significant digits
+        lr = centre * (batch / 128) ** exponent
+        return [float(f"{x:.3g}") for x in (lr / 3, lr, lr * 3)]
+
     out = tmp_path / "small"
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", "--dry-run",
                              f"--out={out}", f"--data-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
@@ -141,10 +148,10 @@ def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by
         assert (config["warmup_steps"], config["eval_interval"], config["log_interval"]) == (
             max(5, round(0.05 * steps)), steps // 8, steps // 16)
         assert point.endswith("_s0") and config["seed"] == config["data_seed"] == 0
-        changes, centre, exponent = SMALL_BATCH[name]
-        assert config["optimizer"] == changes["optimizer"]
+        optimizer, centre, exponent = arms[name]
+        assert config["optimizer"] == optimizer
         assert sorted(float(p.split("_")[0][2:]) for n, bb, p in configs if (n, bb) == (name, batch)) == \
-            lr_grid(centre, exponent, b)
+            grid(centre, exponent, b)
         if name.endswith("_halflife"):
             assert config["batch_half_life_betas"] == "beta2"
             assert config["beta2"] == pytest.approx(0.95 ** (b / 128), rel=1e-12) and config["beta1"] == 0.9
