@@ -28,7 +28,7 @@ from eval.during_training import ZeroShot
 from model import GPT
 from optim.protocol import LossFn
 from training import console, distributed, instruments, memory, metrics, noise_scale, qk_clip, run_folder, validation
-from training.checkpoint import load_latest
+from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
@@ -88,9 +88,9 @@ class Trainer:
         self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
                                         world_size=self.ctx.world_size, seed=config.data_seed, **self.loader_options)
         self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
-        self.checkpoint_steps = []  # of this invocation's checkpoints (and the resumed one), oldest first
+        self.checkpoints = Checkpointer(self.layout, self.run_dir, config)
         self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.device, self.run_dir,
-                                        self.checkpoint_steps)
+                                        self.checkpoints.steps)
         self.parts = Parts.build([*PARTS, *imported(config.extra_parts)], self)
         # Everything a checkpoint holds (training/state.py); the layout saves and loads it.
         self.state = RunState(self.model, self.optimizer, config=config.to_dict(), schedule=schedule,
@@ -105,7 +105,7 @@ class Trainer:
         # trace shows them); scripts/bench_train puts a timer here instead.
         self.phase = record_function
         self.signals = StopSignals(self.ctx.is_main)
-        self.run_lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
+        self.run_lock = self.checkpoints.lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
 
     @property
     def step(self) -> int:
@@ -145,8 +145,7 @@ class Trainer:
                     self.log(self.parts.collect("measure", step))  # the train loss, the speed, every instrument
             self.evaluate(step)
             stop = (step.log or self.state.evaluating) and self.signals.agreed(ctx)  # (a host sync: not every step)
-            interval = config.checkpoint_interval and self.step % config.checkpoint_interval == 0
-            if self.step == last_step or stop or interval:
+            if self.checkpoints.due(self.step, last_step, stop):
                 self.save_checkpoint()
             if stop:
                 self.signals.announce_stop(self.ctx.rank, self.step, self.state.evaluating)
@@ -268,20 +267,15 @@ class Trainer:
         # this run's next step does, to the same floats.
         self.evaluated_model()
         self.check_finite()
-        self.run_lock.check()  # (a run whose folder was taken over writes nothing more)
-        self.layout.save(self.state, self.run_dir, self.config.keep_checkpoints,
-                         self.config.permanent_checkpoint_interval)
-        self.checkpoint_steps.append(self.step)
+        self.checkpoints.save(self.state)
 
     def restore(self):
-        checkpoint, path = load_latest(self.run_dir, fall_back=self.config.resume == "auto")
+        checkpoint, path = self.checkpoints.latest()
         self.batches.resume(checkpoint)
         self.state.schedule = self.batches.schedule
         changes = checkpoint.changes_on_resume(vars(self.model_config), self.config.to_dict(), path,
                                                self.batches.total_steps)
-        self.layout.load(self.state, checkpoint, path)
-        self.state.changes += changes  # (each named by allow_changes)
-        self.checkpoint_steps.append(self.step)
+        self.checkpoints.load(self.state, checkpoint, path, changes)
         if self.state.evaluating:  # the evaluations due at that step as it was trained (its final one, or not)
             self.pending_evaluation = Step(self.step, final=self.batches.was_final(checkpoint, self.state.changes))
         if self.ctx.is_main:
@@ -312,8 +306,8 @@ def main(argv: list[str]):
         distributed.fail(f"train.py: {error}")
     finally:
         trainer.close()
-    if trainer.ctx.is_main and trainer.checkpoint_steps:
-        print(run_folder.guide(trainer.run_dir, trainer.checkpoint_steps[-1], trainer.batches.total_steps,
+    if trainer.ctx.is_main and trainer.checkpoints.steps:
+        print(run_folder.guide(trainer.run_dir, trainer.checkpoints.steps[-1], trainer.batches.total_steps,
                                trainer.config, distributed.launcher(), argv, evaluating=trainer.state.evaluating))
 
 

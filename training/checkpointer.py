@@ -1,0 +1,46 @@
+"""A run's checkpoints as its loop sees them: when it saves, what a save writes and keeps, what a
+resume loads, and the steps this invocation wrote.
+
+The layout (training/parallel.py) writes and reads the state (the whole of it on rank 0, or each
+rank's shards) and prunes the folder to the newest ``keep_checkpoints`` and every
+``permanent_checkpoint_interval``-th; the checkpointer decides when (``due``: the run's last step,
+a stop, every ``checkpoint_interval`` steps) and writes only while the run still holds its folder
+(run_folder.lock: a run whose folder was taken over writes nothing more).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from configs import TrainConfig
+from training.checkpoint import Checkpoint, load_latest
+from training.parallel import Layout
+from training.state import RunState
+
+
+class Checkpointer:
+    def __init__(self, layout: Layout, run_dir: Path, config: TrainConfig):
+        self.layout, self.run_dir, self.config = layout, run_dir, config
+        self.steps: list[int] = []  # of this invocation's checkpoints (and the resumed one), oldest first
+        self.lock = None  # the run folder's lock (run_folder.lock), once the run holds the folder
+
+    def due(self, step: int, last_step: int, stop: bool) -> bool:
+        """Whether the run saves after ``step``: its last step of this invocation, a stop, an interval."""
+        interval = self.config.checkpoint_interval
+        return step == last_step or stop or bool(interval and step % interval == 0)
+
+    def save(self, state: RunState) -> None:
+        """``state`` as the run folder's newest checkpoint, the folder pruned; every rank calls it."""
+        self.lock.check()
+        self.layout.save(state, self.run_dir, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
+        self.steps.append(state.step)
+
+    def latest(self) -> tuple[Checkpoint, Path]:
+        """The checkpoint a resume continues (with ``resume="auto"``, the newest that loads)."""
+        return load_latest(self.run_dir, fall_back=self.config.resume == "auto")
+
+    def load(self, state: RunState, checkpoint: Checkpoint, path: Path, changes: list[dict]) -> None:
+        """Continue ``state`` from ``checkpoint`` (read from ``path``), this run's ``changes`` to its
+        config (each named by allow_changes) added to its record; every rank calls it."""
+        self.layout.load(state, checkpoint, path)
+        state.changes += changes
+        self.steps.append(state.step)
