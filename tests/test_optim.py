@@ -622,7 +622,7 @@ def test_build_gets_the_published_settings_unless_told_otherwise():
 
 def test_build_rejects_unknown_names_and_options():
     model = TinyGPT()
-    with pytest.raises(ValueError, match="'unknown'.*valid names: adamw, adamw_schedulefree, .*merit"):
+    with pytest.raises(ValueError, match="'unknown'.*valid names: adafactor, adamw, adamw_schedulefree, .*merit"):
         optim.build("unknown", model, lr=1e-3)
     with pytest.raises(ValueError, match="did you mean 'merit'"):
         optim.build("merti", model, lr=1e-3)
