@@ -10,6 +10,7 @@ from helpers import ROOT, TINY_RUN, no_host_reads, read_metrics, train_here
 from train import NonFiniteError, Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.noise_scale import GradientNoiseScale
+from training.nonfinite import NonFiniteSteps
 from training.parts import Step
 from training.run_config import resolve_config
 
@@ -107,7 +108,7 @@ def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monke
                 trainer.train_step(Step(trainer.step + 1))
             trainer.state.step += 1
         moved = not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-        assert moved and trainer.nonfinite.first.item() == 2
+        assert moved and len(trainer.nonfinite.pending) == 3  # the verdicts, not read yet
         if policy == "skip":
             assert trainer.nonfinite.skipped == 1
             assert "on 1 step since the last check (the last at step 2)" in trainer.nonfinite.check(trainer.step)
@@ -131,3 +132,40 @@ def test_skip_names_the_checkpoint_from_before_the_first_skipped_step(byte_shard
     assert (f"The newest checkpoint, {run / CHECKPOINT_NAME} at step 6, was written after the first non-finite step "
             f"3, so its weights may be damaged though finite; the last one before it is {run / 'ckpt_00000002.pt'} "
             f"(step 2)") in str(error.value)
+
+
+class DeviceCounts:
+    """The counts as the device kept them, updated at every step: what the verdicts held until a check must give."""
+
+    def __init__(self, max_in_a_row: int):
+        count = lambda value=0: torch.full((), value, dtype=torch.long)  # noqa: E731
+        self.max_in_a_row = max_in_a_row
+        self.first, self.last, self.limit_reached_at = count(-1), count(-1), count(-1)
+        self.total, self.in_a_row = count(), count()
+
+    def record(self, step: int, finite: torch.Tensor) -> None:
+        bad = ~finite
+        self.first = torch.where((self.first < 0) & bad, step, self.first)
+        self.last = torch.where(bad, step, self.last)
+        self.total += bad
+        self.in_a_row = (self.in_a_row + 1) * bad
+        self.limit_reached_at = torch.where((self.limit_reached_at < 0) & (self.in_a_row >= self.max_in_a_row),
+                                            step, self.limit_reached_at)
+
+
+@pytest.mark.parametrize("max_in_a_row", [1, 3, 10])
+def test_the_verdicts_counted_at_the_checks_are_the_counts_kept_step_by_step(tmp_path, max_in_a_row):
+    steps = NonFiniteSteps("skip", max_in_a_row, torch.device("cpu"), tmp_path, [])
+    reference = DeviceCounts(max_in_a_row)
+    gen = torch.Generator().manual_seed(max_in_a_row)
+    for number in range(1, 400):
+        finite = torch.rand((), generator=gen) > (0.05 if number < 200 else 0.85)  # long runs of them later
+        steps.record(number, finite)
+        reference.record(number, finite)
+        if number % 23 == 0 or number == 399:  # a log step
+            steps.count()
+            assert not steps.pending
+            assert (steps.first, steps.last, steps.total, steps.in_a_row, steps.limit_reached_at) == tuple(
+                int(t) for t in (reference.first, reference.last, reference.total, reference.in_a_row,
+                                 reference.limit_reached_at))
+    assert steps.limit_reached_at > 0 and steps.skipped == int(reference.total)

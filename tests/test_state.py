@@ -26,7 +26,24 @@ def test_the_loss_window_averages_the_kept_steps_and_starts_afresh():
         window.add(torch.tensor(loss), torch.tensor(finite))
     assert window.state_dict() == {"steps": 2, "loss_sums": [torch.tensor(6.0)]}
     assert window.pop_mean().item() == 3.0  # the dropped step is neither summed nor counted
-    assert (window.loss_sum.item(), window.steps.item()) == (0.0, 0)
+    assert (window.loss_sum, window.steps) == (0.0, 0)
+
+
+def test_the_loss_window_sums_as_the_device_adds_step_by_step():
+    """Summed at a read, the window's sums are bitwise those of adding each kept loss on the device
+    as it comes (float32, in step order), checkpoints read between log steps included."""
+    window, gen = LossWindow(ONE_PROCESS), torch.Generator().manual_seed(0)
+    loss_sum, steps = torch.zeros(()), torch.zeros((), dtype=torch.long)  # the per-step device sums
+    for step in range(1000):
+        loss = torch.rand((), generator=gen) * 10 + step / 1000
+        finite = torch.tensor(step % 7 != 0)
+        window.add(loss, finite)
+        loss_sum += torch.where(finite, loss, 0.0)
+        steps += finite
+        if step % 137 == 0:  # a checkpoint
+            assert window.state_dict() == {"steps": int(steps), "loss_sums": [loss_sum]}
+            assert window.state_dict()["loss_sums"][0].dtype == torch.float32
+    assert torch.equal(window.pop_mean(), loss_sum / steps)
     # A checkpoint of 2 ranks, resumed on 1: this rank starts from the ranks' mean sum.
     window.load_state_dict({"steps": 3, "loss_sums": [torch.tensor(3.0), torch.tensor(9.0)]})
     assert window.pop_mean().item() == 2.0
@@ -90,7 +107,7 @@ def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
     for p, q in zip(state.model.parameters(), resumed.model.parameters()):
         for key, value in state.optimizer.state[p].items():
             assert torch.equal(value, resumed.optimizer.state[q][key]), key
-    assert torch.equal(resumed.pieces["train_window"].loss_sum, state.pieces["train_window"].loss_sum)
+    assert resumed.pieces["train_window"].state_dict() == state.pieces["train_window"].state_dict()
     assert torch.equal(resumed.pieces["train_loader"].next_batch()[0], expected_batch)
     assert torch.equal(torch.rand(4), expected_noise)
 

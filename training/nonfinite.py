@@ -1,7 +1,9 @@
 """The non-finite policy's bookkeeping (config ``nonfinite``): which steps had a NaN/inf gradient.
 
-Every count lives on the device and is updated there each step, so ordinary steps make no host
-sync; the loop reads it where it syncs anyway (log steps, checkpoints) through ``check``. With
+A step records its verdict, a 0-d device tensor, and nothing more (no device operation, no host
+sync); the counts are made from the verdicts where the loop syncs anyway (log steps, checkpoints),
+through ``check``, in one host read: the verdicts held meanwhile are those of the steps since the
+last check (log_interval's at most). With
 "skip" the optimizer drops a flagged update on the device (``step_unless``), so a run of skipped
 steps is noticed at the next log step: by then nothing was applied, only compute was spent. A
 stop names the checkpoint to go back to (``recovery_advice``), from the steps the run saved.
@@ -23,34 +25,45 @@ class NonFiniteSteps:
     def __init__(self, policy: str, max_in_a_row: int, device: torch.device, run_dir: Path,
                  checkpoint_steps: list[int]):
         """``checkpoint_steps``: the steps of the checkpoints the run writes (and the one it
-        resumed), oldest first; the run appends to it."""
+        resumed), oldest first; the run appends to it. ``device``: unused (the verdicts say where
+        they are), until train.py stops passing it."""
         self.policy, self.max_in_a_row = policy, max_in_a_row
         self.run_dir, self.checkpoint_steps = run_dir, checkpoint_steps
-        count = lambda value=0: torch.full((), value, dtype=torch.long, device=device)  # noqa: E731
-        self.first = count(-1)           # the first non-finite step ("stop" raises at it)
-        self.last = count(-1)            # the latest one
-        self.total = count()             # skipped steps in all ("skip")
-        self.in_a_row = count()          # ending at the current step
-        self.limit_reached_at = count(-1)  # the step where in_a_row first reached max_in_a_row
-        self.reported = 0                # skipped steps already reported on the console
+        # The counts of the steps up to the last check:
+        self.first = -1             # the first non-finite step ("stop" raises at it)
+        self.last = -1              # the latest one
+        self.total = 0              # skipped steps in all ("skip")
+        self.in_a_row = 0           # ending at the last step counted
+        self.limit_reached_at = -1  # the step where in_a_row first reached max_in_a_row
+        self.reported = 0           # skipped steps already reported on the console
+        self.pending: list[tuple[int, Tensor]] = []  # (step, finite) recorded since
 
     def record(self, step: int, finite: Tensor) -> None:
         """Step ``step`` (1-based) had a finite gradient or not (a 0-d bool tensor)."""
-        bad = ~finite
-        self.first = torch.where((self.first < 0) & bad, step, self.first)
-        self.last = torch.where(bad, step, self.last)
-        self.total += bad
-        self.in_a_row = (self.in_a_row + 1) * bad
-        self.limit_reached_at = torch.where((self.limit_reached_at < 0) & (self.in_a_row >= self.max_in_a_row),
-                                            step, self.limit_reached_at)
+        self.pending.append((step, finite))
+
+    def count(self) -> None:
+        """The pending steps counted (one host read)."""
+        if not self.pending:
+            return
+        steps = [step for step, _ in self.pending]
+        verdicts = torch.stack([finite for _, finite in self.pending]).tolist()
+        self.pending = []
+        for step, finite in zip(steps, verdicts):
+            if not finite:
+                self.first = step if self.first < 0 else self.first
+                self.last, self.total = step, self.total + 1
+            self.in_a_row = 0 if finite else self.in_a_row + 1
+            if self.limit_reached_at < 0 and self.in_a_row >= self.max_in_a_row:
+                self.limit_reached_at = step
 
     def check(self, step: int, parameters_finite: Callable[[], bool] = lambda: True) -> str | None:
         """Raise NonFiniteError if the policy says stop, or if ``parameters_finite()`` says the
         parameters are not (whatever made them so: never save them), naming the checkpoint to go
         back to; else a line about the steps skipped since the last check (None if there were
         none). One host read, and the parameters' check."""
-        first, last, total, limit_at = torch.stack([self.first, self.last, self.total,
-                                                    self.limit_reached_at]).tolist()
+        self.count()
+        first, last, total, limit_at = self.first, self.last, self.total, self.limit_reached_at
         last_good = recovery_advice(self.run_dir, self.checkpoint_steps, first)
         if self.policy == "stop" and first >= 0:
             raise NonFiniteError(f"non-finite gradient at step {first}: stopping without saving. {last_good}. "
@@ -71,7 +84,8 @@ class NonFiniteSteps:
     @property
     def skipped(self) -> int:
         """Skipped steps in all (a host read)."""
-        return int(self.total)
+        self.count()
+        return self.total
 
 
 def recovery_advice(run_dir: Path, checkpoint_steps: list[int], first_nonfinite: int = -1) -> str:

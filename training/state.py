@@ -104,32 +104,46 @@ class RankRNG:
 
 
 class LossWindow:
-    """The train-loss sum of the kept steps since the last log step (per rank) and their number,
-    on the device (no host sync until a log step reads the mean); checkpointed, so a resumed run
-    logs the uninterrupted one's losses."""
+    """The train-loss sum of the kept steps since the last log step (per rank) and their number;
+    checkpointed, so a resumed run logs the uninterrupted one's losses. A step hands over its loss
+    and verdict (0-d device tensors) and nothing is computed then (no device operation, no host
+    sync): they are summed where the loop syncs anyway (a log step's mean, a checkpoint), in one
+    host read, step by step in the losses' dtype, as adding each on the device would (the window
+    holds log_interval's at most)."""
 
     def __init__(self, ctx: Distributed):
         self.ctx = ctx
-        self.loss_sum = torch.zeros((), device=ctx.device)
-        self.steps = torch.zeros((), dtype=torch.long, device=ctx.device)
+        self.loss_sum = torch.zeros(()).numpy()[()]  # a numpy scalar of torch's default dtype, as the losses
+        self.steps = 0
+        self.pending: list[tuple[Tensor, Tensor]] = []  # (loss, finite) of the steps not summed yet
 
     def add(self, loss: Tensor, finite: Tensor) -> None:
-        self.loss_sum += torch.where(finite, loss, 0.0)  # a dropped step's loss is not averaged in
-        self.steps += finite
+        self.pending.append((loss, finite))
+
+    def sum_pending(self) -> None:
+        """The pending steps in the sums (one host read): a dropped step's loss is not summed nor counted."""
+        if not self.pending:
+            return
+        n, add = len(self.pending), self.loss_sum.dtype.type
+        values = torch.stack([loss for loss, _ in self.pending] + [finite for _, finite in self.pending]).tolist()
+        self.pending = []
+        for loss, finite in zip(values[:n], values[n:]):
+            if finite:
+                self.loss_sum, self.steps = self.loss_sum + add(loss), self.steps + 1
 
     def pop_mean(self) -> Tensor:
-        """This rank's mean loss over the window, which starts afresh."""
-        mean = self.loss_sum / self.steps
-        self.loss_sum.zero_()
-        self.steps.zero_()
+        """This rank's mean loss over the window, which starts afresh (on the device, for the ranks' mean)."""
+        self.sum_pending()
+        mean = torch.tensor(self.loss_sum, device=self.ctx.device) / self.steps
+        self.loss_sum, self.steps = self.loss_sum.dtype.type(0), 0
         return mean
 
     def state_dict(self) -> dict:
-        return {"steps": int(self.steps), "loss_sums": distributed.all_gather_objects(self.loss_sum.cpu(), self.ctx)}
+        self.sum_pending()
+        return {"steps": self.steps, "loss_sums": distributed.all_gather_objects(torch.tensor(self.loss_sum), self.ctx)}
 
     def load_state_dict(self, state: dict) -> None:
         sums = state["loss_sums"]
         # On another number of ranks each rank starts from the mean: the logged mean is the same.
         mine = sums[self.ctx.rank] if len(sums) == self.ctx.world_size else torch.stack(sums).mean()
-        self.loss_sum = mine.to(self.ctx.device)
-        self.steps.fill_(state["steps"])
+        self.loss_sum, self.steps, self.pending = mine.cpu().numpy()[()], state["steps"], []
