@@ -17,6 +17,10 @@ cursor moves to start + T. Rank r takes rows r * B .. r * B + B - 1. The positio
 after the micro-step, a stream offset equal on every rank, so the layout independence above
 holds here as well.
 
+A batch is read into a new int64 array (no copy after that on a CPU; on a GPU the array is
+pinned and copied to the device without waiting, so the host goes on while the copy runs), and
+the shard of the last read is remembered, so a batch costs a few microseconds on the host.
+
 Shards are checked lazily, once each: the first time a shard is used, its largest token is
 compared with the vocabulary and (aligned) its end-of-text positions are indexed. When reading
 enters a shard, a background thread asks the OS to bring the next one into the page cache and
@@ -83,10 +87,11 @@ class TokenLoader:
     def __init__(self, data_dir, split: str, micro_batch_size: int, block_size: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0,
                  align_documents: bool = False, eot_token: int | None = None,
-                 vocab_size: int | None = None, prefetch: bool = True):
+                 vocab_size: int | None = None, prefetch: bool = True, device: torch.device | str = "cpu"):
         """align_documents: start every row at an eot_token (the token before each document).
         vocab_size: refuse shards holding a token id >= vocab_size (None: no check).
-        prefetch: read and scan the next shard in a background thread."""
+        prefetch: read and scan the next shard in a background thread.
+        device: where next_batch puts the batches."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if align_documents and eot_token is None:
@@ -102,8 +107,10 @@ class TokenLoader:
         self.eot_token = eot_token
         self.vocab_size = vocab_size
         self.prefetch = prefetch
+        self.device = torch.device(device)
         self.shard_paths = list_shards(data_dir, split)
-        self.shards = [open_shard(path) for path in self.shard_paths]
+        # Plain arrays on the memmaps (which they keep open): slicing a memmap costs a microsecond more.
+        self.shards = [open_shard(path).view(np.ndarray) for path in self.shard_paths]
         self.shard_lengths = np.array([len(shard) for shard in self.shards], dtype=np.int64)
         self.split_tokens = int(self.shard_lengths.sum())
         self.nonempty_shards = int(np.count_nonzero(self.shard_lengths))
@@ -140,18 +147,41 @@ class TokenLoader:
         return self.position + self.rank * self.rank_tokens
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each int64 of shape (micro_batch_size, block_size); y is x shifted by one."""
+        """(x, y), each int64 of shape (micro_batch_size, block_size), on the loader's device; y is x
+        shifted by one (views of one array of the batch's tokens)."""
+        batch, block = self.micro_batch_size, self.block_size
         if self.align_documents:
             row_starts, next_position = self.next_aligned_rows()
-            first = self.rank * self.micro_batch_size
-            rows = torch.from_numpy(np.stack([self.read(start, self.block_size + 1)
-                                              for start in row_starts[first: first + self.micro_batch_size]]))
+            first = self.rank * batch
+            pinned, rows = self._new_tokens((batch, block + 1))
+            for row, start in zip(rows, row_starts[first: first + batch]):
+                self.read(start, row)
             self.position = next_position
-            return rows[:, :-1], rows[:, 1:]
-        tokens = torch.from_numpy(self.read(self.next_offset, self.rank_tokens + 1))
+            return self._shifted(pinned, rows, lambda t: t[:, :-1], lambda t: t[:, 1:])
+        pinned, tokens = self._new_tokens(self.rank_tokens + 1)
+        self.read(self.next_offset, tokens)
         self.position += self.global_tokens
-        shape = (self.micro_batch_size, self.block_size)
-        return tokens[:-1].view(shape), tokens[1:].view(shape)
+        return self._shifted(pinned, tokens, lambda t: t[:-1].reshape(batch, block),
+                             lambda t: t[1:].reshape(batch, block))
+
+    def _new_tokens(self, shape) -> tuple[torch.Tensor | None, np.ndarray]:
+        """(None, an int64 array) to read a batch into; for another device than the CPU (the tensor,
+        its numpy face), the tensor pinned for a CUDA device."""
+        if self.device.type == "cpu":
+            return None, np.empty(shape, dtype=np.int64)
+        tensor = torch.empty(shape, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        return tensor, tensor.numpy()
+
+    def _shifted(self, tensor: torch.Tensor | None, tokens: np.ndarray, x_of,
+                 y_of) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y): ``x_of`` and ``y_of`` of the batch's tokens, on the loader's device. On the CPU as
+        views of the numpy array (numpy's views are cheaper than torch's); else the tensor is copied
+        without waiting (from pinned memory, on CUDA), as itself: torch's pinned-memory allocator then
+        keeps its block until the copy is done."""
+        if tensor is None:
+            return torch.from_numpy(x_of(tokens)), torch.from_numpy(y_of(tokens))
+        on_device = tensor.to(self.device, non_blocking=True)
+        return x_of(on_device), y_of(on_device)
 
     def next_aligned_rows(self) -> tuple[list[int], int]:
         """Stream offsets where the next global micro-step's rows start (all ranks' rows, as every
@@ -184,28 +214,32 @@ class TokenLoader:
                 )
             offset = shard_start + len(self.shards[shard])
 
-    def read(self, start: int, count: int) -> np.ndarray:
-        """Tokens [start, start + count) of the endless stream, as int64."""
-        out = np.empty(count, dtype=np.int64)
-        filled = 0
+    def read(self, start: int, out: np.ndarray) -> None:
+        """Tokens [start, start + len(out)) of the endless stream into ``out`` (int64)."""
+        count, filled = len(out), 0
         while filled < count:
             shard, shard_start = self.shard_at(start + filled)
             local = start + filled - shard_start
             n = min(count - filled, len(self.shards[shard]) - local)
             out[filled: filled + n] = self.shards[shard][local: local + n]
             filled += n
-        return out
 
     def shard_at(self, offset: int) -> tuple[int, int]:
         """(index, stream offset of its first token) of the shard holding stream offset `offset`.
         Checks the shard's tokens on its first use; the first time reading gets into a shard,
-        prefetches the shard after it."""
+        prefetches the shard after it. The shard found last is remembered (until a seek): reading
+        on in it needs none of that again."""
+        start, end, shard = self._last_shard
+        if start <= offset < end:
+            return shard, start
         epoch, i, shard, shard_end = self._locate(offset)
         if self.prefetch and shard_end > self._furthest_shard_end:
             self._furthest_shard_end = shard_end
             self.prefetch_shard(self.shard_after(epoch, i))
         self.check_vocabulary(shard)
-        return shard, shard_end - len(self.shards[shard])
+        start = shard_end - len(self.shards[shard])
+        self._last_shard = start, shard_end, shard
+        return shard, start
 
     def _locate(self, offset: int) -> tuple[int, int, int, int]:
         """(epoch, place in the epoch's order, index, stream offset of its end) of the shard holding
@@ -284,6 +318,7 @@ class TokenLoader:
         self.position = position  # global tokens consumed, all ranks together, over all epochs
         # Where the furthest shard entered since the seek ends: getting past it prefetches.
         self._furthest_shard_end = -1
+        self._last_shard = (0, 0, -1)  # (stream offsets it spans, its index) of the shard shard_at found last
         self.check_vocabulary(self._locate(position)[2])  # the shard read next: a run finds a bad one before it writes
 
     def reset(self) -> None:

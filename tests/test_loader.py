@@ -271,3 +271,40 @@ def test_data_errors_name_the_input_and_the_fix(doc_shards, tmp_path):
     assert val_tokens < 2 * 8 * 16 + 1
     with pytest.raises(ValueError, match=rf"'val' split .* has {val_tokens} tokens, fewer than one global micro-batch"):
         aligned(data_dir, "val", micro_batch_size=8, block_size=16, world_size=2)
+
+
+# ---- the batches' device ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("align_documents", [False, True])
+def test_a_seek_back_reads_the_same_batches_again(doc_shards, align_documents):
+    data_dir, _ = doc_shards
+    loader = aligned(data_dir, align_documents=align_documents, block_size=7)
+    batches(loader, 3)
+    state = loader.state_dict()
+    first = batches(loader, 20)  # across shards and epochs
+    loader.load_state_dict(state)
+    assert_same_batches(batches(loader, 20), first)
+
+
+@pytest.mark.parametrize("align_documents", [False, True])
+def test_batches_on_another_device_are_the_cpu_batches_there(doc_shards, align_documents):
+    """The "meta" device stands for a GPU here (shapes, dtypes and strides, not values): the batch's
+    tokens go over as one tensor, and x and y are the same views of it as on the CPU."""
+    data_dir, _ = doc_shards
+    on_cpu = batches(aligned(data_dir, align_documents=align_documents), 12)
+    for (x, y, offset), (x_cpu, y_cpu, offset_cpu) in zip(batches(aligned(data_dir, align_documents=align_documents,
+                                                                          device="meta"), 12), on_cpu):
+        assert x.device.type == y.device.type == "meta" and offset == offset_cpu
+        for on_device, here in ((x, x_cpu), (y, y_cpu)):
+            assert (on_device.shape, on_device.dtype, on_device.stride()) == (here.shape, here.dtype, here.stride())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("align_documents", [False, True])
+def test_batches_on_cuda_equal_the_cpu_batches(doc_shards, align_documents):
+    """Copied from pinned memory without waiting: many batches in flight, none overwritten."""
+    data_dir, _ = doc_shards
+    on_cpu = batches(aligned(data_dir, align_documents=align_documents), 200)
+    on_cuda = batches(aligned(data_dir, align_documents=align_documents, device="cuda"), 200)
+    assert all(x.is_cuda and y.is_cuda for x, y, _ in on_cuda)
+    assert_same_batches([(x.cpu(), y.cpu(), offset) for x, y, offset in on_cuda], on_cpu)
