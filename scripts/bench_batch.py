@@ -1,10 +1,15 @@
 """What the batch axis costs (docs/batch.md, docs/performance.md): a batch schedule's per-step cost
-against a fixed batch, and a CBS branch's overhead over training the same tokens from scratch.
+against a fixed batch, a CBS branch's overhead over training the same tokens from scratch, and what
+a token costs at small batches.
 
-    python -m scripts.bench_batch [--config configs/default.py] [--steps 40] [--repeats 3]
+    python -m scripts.bench_batch [schedule] [branch] [small] [--config FILE] [--set key=value ...]
+                                  [--steps 40] [--repeats 3] [--optimizers adamw merit]
+                                  [--batches 1 2 4 8 16 32 64] [--accumulated 64] [--rounds 10] [--json FILE]
 
-Both on the config's model in this process (one rank), on random tokens of its tokenizer
-(scripts/bench_train's synthetic data):
+Each (all three by default) on the config's model in this process (one rank), on random tokens of
+its tokenizer (scripts/bench_train's synthetic data); without ``--config``, schedule and branch take
+configs/default.py and small the mini-study's model and settings (``mini_study_shape``: 4 layers,
+4 heads, 64 dims, block 64, byte tokens), as overrides of configs/default.py:
 
 * **schedule**: two trainers, one with the config's fixed batch and one with a batch schedule
   whose change lies beyond the run (the same batch, every step going through the schedule: the
@@ -15,11 +20,24 @@ Both on the config's model in this process (one rank), on random tokens of its t
   end; log every step) and a run of the same config trained the same number of steps from
   scratch (log every step; the same schedule, stopped halfway: no evaluation but the step-0
   validation of one micro-batch), each through ``train.main`` in this process; their wall times
-  and ratio, per repeat.
+  and ratio, per repeat;
+* **small**: per optimizer (``--optimizers``), one trainer per batch of ``--batches`` in one
+  micro-batch, and one of ``--accumulated`` sequences as that many accumulated micro-batches of
+  one; round by round every trainer trains the largest batch's sequences (64 steps of batch 1,
+  one of batch 64), the trainers taking turns: the cost per token (microseconds, tokens/s) and
+  its ratio to the largest batch's in the same round, medians over ``--rounds``. Then at the
+  smallest batch what the loop costs: its step against the model's forward and backward plus the
+  optimizer step timed bare on the same tensors (one batch, the same model and optimizer), and
+  against that plus the gradient clip the config asks for, every optimizer's three taking turns
+  step by step (medians, of the steps and of a round's differences); and the loop step's parts
+  (scripts/bench_train's phase clock).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import platform
 import shutil
 import statistics
 import tempfile
@@ -27,8 +45,14 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
+from typing import NamedTuple
 
-from scripts.bench_train import ROOT, loop_step, synthetic_trainer, timed_ms
+from scripts.bench_train import ROOT, breakdown, loop_step, synthetic_trainer, timed_ms
+
+MEASUREMENTS = ("schedule", "branch", "small")
+DEFAULT_CONFIG = ROOT / "configs" / "default.py"
+# What of the mini-study's base config (scripts/mini_study.BASE) the small-batch measurement trains with.
+SHAPE_KEYS = ("tokenizer", "model", "n_layer", "n_head", "n_embd", "block_size", "dropout", "lr_schedule", "grad_clip")
 
 
 def schedule_ratio(config: Path, overrides: list[str], folder: Path, steps: int) -> tuple[float, float]:
@@ -92,29 +116,194 @@ def train_tokens(run: Path) -> int:
     return config.batch_size * config.model_config(1).block_size
 
 
-def main(argv=None) -> None:
+def mini_study_shape() -> list[str]:
+    """The mini-study's model and training settings (``SHAPE_KEYS`` of scripts/mini_study.BASE) as
+    overrides: not its data (random tokens here) nor its evaluation sizes."""
+    from scripts.mini_study import BASE
+    return [f"--{key}={BASE[key]}" for key in SHAPE_KEYS]
+
+
+class Setting(NamedTuple):
+    """A global batch of ``batch`` sequences in micro-batches of ``micro`` (batch // micro accumulated)."""
+
+    optimizer: str
+    batch: int
+    micro: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch} = {self.micro} x {self.batch // self.micro}"
+
+
+def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: list[str], batches: list[int],
+                  accumulated: int, rounds: int) -> tuple[dict, dict, list]:
+    """({setting: [(us per token, its ratio to the largest batch's in one micro-batch, ms per step)
+    per round]}, {optimizer: ``loop_overhead`` at the smallest batch, with that batch and the step's
+    parts}, the trainers' descriptions): each round every trainer trains the largest batch's
+    sequences, the trainers taking turns."""
+    largest = max(batches)
+    settings = [Setting(name, batch, batch) for name in optimizers for batch in batches]
+    settings += [Setting(name, accumulated, 1) for name in optimizers if accumulated]
+    trainers = {}
+    try:
+        for i, s in enumerate(settings):
+            trainers[s] = synthetic_trainer(config, [*overrides, f"--optimizer={s.optimizer}", "--optimizer_options={}",
+                                                     f"--batch_size={s.batch}", f"--micro_batch_size={s.micro}",
+                                                     f"--max_steps={10 ** 9}"], folder, run_name=f"small{i}")
+        block = trainers[settings[0]].model_config.block_size
+        for trainer in trainers.values():
+            loop_step(trainer)  # warm-up
+        per_token = {s: [] for s in settings}
+        for i in range(rounds):
+            step_ms = {}
+            for s in settings[i % len(settings):] + settings[:i % len(settings)]:  # (who goes first rotates)
+                trainer, steps = trainers[s], max(1, largest // s.batch)
+                step_ms[s] = timed_ms(lambda: [loop_step(trainer) for _ in range(steps)], trainer.device) / steps
+            us = {s: 1e3 * ms / (s.batch * block) for s, ms in step_ms.items()}
+            for s in settings:
+                per_token[s].append((us[s], us[s] / us[Setting(s.optimizer, largest, largest)], step_ms[s]))
+        smallest = {name: trainers[Setting(name, min(batches), min(batches))] for name in optimizers}
+        overhead = loop_overhead(smallest, 20 * rounds)
+        for name, trainer in smallest.items():
+            overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds)[0])
+        described = [describe(trainer) for trainer in smallest.values()]
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+    return per_token, overhead, described
+
+
+def loop_overhead(trainers: dict, steps: int) -> dict[str, dict[str, float]]:
+    """{name: medians in ms over ``steps`` rounds} for the trainers ``{name: trainer}``: a trainer's
+    loop step ("loop"); its model's forward and backward plus the optimizer step and zero_grad alone
+    ("bare", on one batch of the trainer's tokens, with its model and optimizer); "bare" plus the
+    gradient clip of the config ("clipped", torch's clip_grad_norm_ as the loop calls it); and the
+    differences of a round's, "loop - bare" (what the loop adds) and "loop - clipped" (what it adds
+    beyond the clip). Every trainer's three take turns step by step, the order rotating each round:
+    whatever runs first or after another (a cache warm or cold) is each of them in turn."""
+    import torch
+
+    variants = {}
+    for name, trainer in trainers.items():
+        model, optimizer, config = trainer.model, trainer.optimizer, trainer.config
+        x, y = (t.to(trainer.device) for t in trainer.train_loader.next_batch())
+
+        def bare(model=model, optimizer=optimizer, config=config, x=x, y=y, clip=False):
+            model(x, y, z_loss=config.z_loss, logits=False)[1].backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        variants.update({(name, "loop"): lambda trainer=trainer: loop_step(trainer), (name, "bare"): bare,
+                         (name, "clipped"): lambda bare=bare: bare(clip=True)})
+    for fn in variants.values():
+        fn()  # warm-up
+    order, times = list(variants), {key: [] for key in variants}
+    for i in range(steps):
+        for key in order[i % len(order):] + order[:i % len(order)]:
+            times[key].append(timed_ms(variants[key], trainers[key[0]].device))
+    results = {}
+    for name in trainers:
+        loop = times[name, "loop"]
+        results[name] = {variant: statistics.median(times[name, variant]) for variant in ("loop", "bare", "clipped")}
+        for variant in ("bare", "clipped"):
+            results[name][f"loop - {variant}"] = statistics.median(a - b for a, b in zip(loop, times[name, variant]))
+    return results
+
+
+def describe(trainer) -> str:
+    """The trainer's model in one line."""
+    m = trainer.model_config
+    return (f"{m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, vocab {m.vocab_size} "
+            f"({trainer.model.num_params() / 1e6:.2f}M parameters), {trainer.dtype}, grad_clip "
+            f"{trainer.config.grad_clip}")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else what platform says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def print_small(per_token: dict, overhead: dict, described: list[str], rounds: int) -> dict:
+    """The per-token tables and the loop's overhead at the smallest batch, printed; returned as a dict (--json)."""
+    results = {"per_token": [], "overhead": overhead}
+    print(f"small batches: {described[0]}; each setting trains the largest batch's sequences a round, "
+          f"{rounds} rounds interleaved, medians")
+    for name in dict.fromkeys(s.optimizer for s in per_token):
+        print(f"  {name}:  batch = micro x accumulation   ms/step   us/token    tokens/s   vs the largest in one")
+        for s, measured in per_token.items():
+            if s.optimizer != name:
+                continue
+            us, ratio, step_ms = (statistics.median(v) for v in zip(*measured))
+            print(f"    {s.label:>26s}  {step_ms:8.2f}  {us:9.2f}  {1e6 / us:10,.0f}   {ratio:6.2f}x")
+            results["per_token"].append({"optimizer": name, "batch": s.batch, "micro_batch": s.micro,
+                                         "step_ms": step_ms, "us_per_token": us, "tokens_per_s": 1e6 / us,
+                                         "vs_largest": ratio})
+    for name, o in overhead.items():
+        added, beyond = o["loop - bare"], o["loop - clipped"]
+        print(f"  {name} at batch {o['batch']}: loop step {o['loop']:.3f} ms; forward+backward+optimizer alone "
+              f"{o['bare']:.3f} ms, with the clip {o['clipped']:.3f} ms: the loop adds {1e3 * added:.0f} us a step "
+              f"({100 * added / o['loop']:.1f}% of it), {1e3 * beyond:.0f} us beyond the clip (medians of a round's "
+              f"differences)")
+        print("    its parts (ms, phase clock): " + ", ".join(f"{k} {v:.3f}" for k, v in o["parts_ms"].items()))
+    return results
+
+
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.py")
+    parser.add_argument("measurements", nargs="*", choices=MEASUREMENTS, default=list(MEASUREMENTS),
+                        metavar="MEASUREMENT", help=f"of {', '.join(MEASUREMENTS)} (default: all)")
+    parser.add_argument("--config", type=Path,
+                        help="default: configs/default.py, with the mini-study's shape for small")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override, as train.py's --key=value")
     parser.add_argument("--steps", type=int, default=40, help="timed steps (schedule); the parent's steps (branch)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="of schedule and branch")
+    parser.add_argument("--optimizers", nargs="+", default=["adamw", "merit"], help="small: each one's table")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64],
+                        help="small: global batches in one micro-batch")
+    parser.add_argument("--accumulated", type=int, default=64,
+                        help="small: a batch of this many micro-batches of one (0: none)")
+    parser.add_argument("--rounds", type=int, default=10, help="small: rounds of every setting")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     overrides = [f"--{item}" for item in args.set]
     import torch
-    print(f"config {args.config} {' '.join(overrides)}; {torch.get_num_threads()} threads")
+    print(f"{' '.join(args.measurements)}: config {args.config or DEFAULT_CONFIG} {' '.join(overrides)}; "
+          f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    results = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        schedule = [schedule_ratio(args.config, overrides, folder, args.steps) for _ in range(args.repeats)]
-        branch = [branch_ratio(args.config, overrides, folder, args.steps) for _ in range(args.repeats)]
-    ratios = [r for _, r in schedule]
-    print(f"schedule: a step {statistics.fmean(ms for ms, _ in schedule):.1f} ms at the fixed batch; scheduled / "
-          f"fixed {statistics.fmean(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}, {args.repeats} repeats "
-          f"of {args.steps} interleaved steps)")
-    ratios = [r for _, r in branch]
-    print(f"branch: {args.steps // 2} steps from scratch {statistics.fmean(s for s, _ in branch):.2f} s; a k=1 "
-          f"branch of the same steps / from scratch {statistics.fmean(ratios):.2f} (range {min(ratios):.2f}-"
-          f"{max(ratios):.2f}, {args.repeats} repeats)")
+        config = args.config or DEFAULT_CONFIG
+        if "schedule" in args.measurements:
+            schedule = [schedule_ratio(config, overrides, folder, args.steps) for _ in range(args.repeats)]
+            ratios = [r for _, r in schedule]
+            print(f"schedule: a step {statistics.fmean(ms for ms, _ in schedule):.1f} ms at the fixed batch; "
+                  f"scheduled / fixed {statistics.fmean(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}, "
+                  f"{args.repeats} repeats of {args.steps} interleaved steps)")
+            results["schedule"] = schedule
+        if "branch" in args.measurements:
+            branch = [branch_ratio(config, overrides, folder, args.steps) for _ in range(args.repeats)]
+            ratios = [r for _, r in branch]
+            print(f"branch: {args.steps // 2} steps from scratch {statistics.fmean(s for s, _ in branch):.2f} s; a "
+                  f"k=1 branch of the same steps / from scratch {statistics.fmean(ratios):.2f} (range "
+                  f"{min(ratios):.2f}-{max(ratios):.2f}, {args.repeats} repeats)")
+            results["branch"] = branch
+        if "small" in args.measurements:
+            shape = [] if args.config else mini_study_shape()
+            measured = small_batches(config, [*shape, *overrides], folder, args.optimizers, args.batches,
+                                     args.accumulated, args.rounds)
+            results["small"] = print_small(*measured, args.rounds)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
 
 
 if __name__ == "__main__":
