@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,14 +32,13 @@ from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
-from training.run_config import RunConfig, compute_dtype, resolve_config
+from training.run_config import RunConfig, precision, resolve_config
 from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
-# What takes part in a run beside the model and the optimizer (training/parts.py), in the order the
-# loop calls them (the speed measured before the others measure; the sinks' start-up lines first); a
-# config adds its own after these (extra_parts).
+# What takes part in a run beside the model and the optimizer (training/parts.py), in the order the loop
+# calls them (the speed measured first; the sinks' start-up lines first); a config's (extra_parts) after.
 PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
          qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
          ZeroShot)
@@ -64,17 +63,14 @@ class Trainer:
         folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
         verify_manifest(config.data_dir, config.tokenizer)
-
-        self.dtype = dtype = compute_dtype(config.dtype, self.device)
-        self.autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext())
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=dtype == torch.float16)
+        self.dtype, self.autocast, self.scaler = precision(config.dtype, self.device)
         self.tokenizer = get_tokenizer(config.tokenizer)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model_config = config.model_config(self.tokenizer.n_vocab)
         block = self.model_config.block_size
         schedule = BatchSchedule.of(config, block)
         self.model = GPT(self.model_config).to(self.device)
-        self.layout.shard(self.model, dtype)  # FSDP2: in place, before the optimizer sees the parameters
+        self.layout.shard(self.model, self.dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = run.build_optimizer(
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
             batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],
@@ -89,7 +85,7 @@ class Trainer:
                                         world_size=self.ctx.world_size, seed=config.data_seed, **self.loader_options)
         self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
         self.checkpoints = Checkpointer(self.layout, self.run_dir, config)
-        self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.device, self.run_dir,
+        self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.run_dir,
                                         self.checkpoints.steps)
         self.parts = Parts.build([*PARTS, *imported(config.extra_parts)], self)
         # Everything a checkpoint holds (training/state.py); the layout saves and loads it.
@@ -184,9 +180,8 @@ class Trainer:
         return total_loss
 
     def after_step(self, step: Step) -> None:
-        """What acts after an optimizer step, before anything reads the weights: the parts (QK-Clip
-        caps each head's attention logit on this step's batch), then an optimizer's extra pass, a
-        forward and backward of its own (Sophia-G's Hessian estimate, every 10 steps)."""
+        """After an optimizer step, before anything reads the weights: the parts (QK-Clip's clip on this
+        step's batch), then an optimizer's own forward and backward (Sophia-G's Hessian, every 10 steps)."""
         with self.phase("after_step"):
             self.parts.call("after_step", step)
         if self.optimizer.extra_pass_due(self.step):
@@ -196,12 +191,9 @@ class Trainer:
     def check_finite(self):
         """The non-finite policy (training/nonfinite.py), where the loop syncs anyway (log steps,
         checkpoints): a stop raises, skipped steps are reported, non-finite parameters never saved."""
-        try:
-            skipped = self.nonfinite.check(self.step, lambda: self.layout.all_finite(p.detach() for p in
-                                                                                      self.model.parameters()))
-        except NonFiniteError as error:  # (the run's record says where and why it stopped)
-            self.parts.find(metrics.MetricsLog).event({"nonfinite": {"step": self.step, "error": str(error)}})
-            raise
+        skipped = self.nonfinite.check(self.step, lambda: self.layout.all_finite(p.detach() for p in
+                                                                                  self.model.parameters()),
+                                       on_stop=self.parts.find(metrics.MetricsLog).event)  # (the record says why)
         if skipped and self.ctx.is_main:
             tqdm.write(skipped)
 
@@ -237,12 +229,10 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
-    # --- metrics ---
     def evaluated_model(self) -> GPT:
         """The model at the weights it is evaluated at (validation, the probe, samples, zero-shot,
-        checkpoints): where ``optimizer.eval()`` puts them (Schedule-Free AdamW: its average x; the
-        weights trained for every other optimizer) until the next step's ``optimizer.train()``.
-        Every rank calls it, in step (ZeRO-1 broadcasts each parameter from the rank that moved it)."""
+        checkpoints): ``optimizer.eval()``'s (Schedule-Free AdamW: its average x; the others: the weights
+        trained) until the next ``optimizer.train()``. Every rank calls it, in step (ZeRO-1 broadcasts)."""
         self.optimizer.eval()
         return self.model
 
@@ -260,7 +250,6 @@ class Trainer:
         if metrics and self.ctx.is_main:
             self.parts.call("record", {"step": self.step, "tokens": self.state.tokens, **metrics})
 
-    # --- checkpoints ---
     def save_checkpoint(self):
         # The checkpoint's model is the evaluated one (Schedule-Free: x, with z in the optimizer state):
         # what export, eval and the Hessian tool read; a resumed run's first step moves it back, as
@@ -278,10 +267,6 @@ class Trainer:
         self.checkpoints.load(self.state, checkpoint, path, changes)
         if self.state.evaluating:  # the evaluations due at that step as it was trained (its final one, or not)
             self.pending_evaluation = Step(self.step, final=self.batches.was_final(checkpoint, self.state.changes))
-        if self.ctx.is_main:
-            print(f"resumed {path} at step {self.step} (written by code {checkpoint.code_version})" + "".join(
-                f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes)
-                + (f"; step {self.step}'s pending evaluation runs first" if self.pending_evaluation else ""))
 
     def close(self):
         """Close the parts and the training loader, give the run folder and the signals up, leave the group."""

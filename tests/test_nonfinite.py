@@ -155,7 +155,7 @@ class DeviceCounts:
 
 @pytest.mark.parametrize("max_in_a_row", [1, 3, 10])
 def test_the_verdicts_counted_at_the_checks_are_the_counts_kept_step_by_step(tmp_path, max_in_a_row):
-    steps = NonFiniteSteps("skip", max_in_a_row, torch.device("cpu"), tmp_path, [])
+    steps = NonFiniteSteps("skip", max_in_a_row, tmp_path, [])
     reference = DeviceCounts(max_in_a_row)
     gen = torch.Generator().manual_seed(max_in_a_row)
     for number in range(1, 400):

@@ -40,7 +40,11 @@ class Checkpointer:
 
     def load(self, state: RunState, checkpoint: Checkpoint, path: Path, changes: list[dict]) -> None:
         """Continue ``state`` from ``checkpoint`` (read from ``path``), this run's ``changes`` to its
-        config (each named by allow_changes) added to its record; every rank calls it."""
+        config (each named by allow_changes) added to its record, and say so; every rank calls it."""
         self.layout.load(state, checkpoint, path)
         state.changes += changes
         self.steps.append(state.step)
+        if self.layout.ctx.is_main:
+            print(f"resumed {path} at step {state.step} (written by code {checkpoint.code_version})" + "".join(
+                f"; {c['key']} {c['from']!r} -> {c['to']!r} from here on" for c in changes)
+                + (f"; step {state.step}'s pending evaluation runs first" if state.evaluating else ""))

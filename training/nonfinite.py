@@ -22,11 +22,9 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteSteps:
-    def __init__(self, policy: str, max_in_a_row: int, device: torch.device, run_dir: Path,
-                 checkpoint_steps: list[int]):
+    def __init__(self, policy: str, max_in_a_row: int, run_dir: Path, checkpoint_steps: list[int]):
         """``checkpoint_steps``: the steps of the checkpoints the run writes (and the one it
-        resumed), oldest first; the run appends to it. ``device``: unused (the verdicts say where
-        they are), until train.py stops passing it."""
+        resumed), oldest first; the run appends to it."""
         self.policy, self.max_in_a_row = policy, max_in_a_row
         self.run_dir, self.checkpoint_steps = run_dir, checkpoint_steps
         # The counts of the steps up to the last check:
@@ -57,22 +55,28 @@ class NonFiniteSteps:
             if self.limit_reached_at < 0 and self.in_a_row >= self.max_in_a_row:
                 self.limit_reached_at = step
 
-    def check(self, step: int, parameters_finite: Callable[[], bool] = lambda: True) -> str | None:
+    def check(self, step: int, parameters_finite: Callable[[], bool] = lambda: True,
+              on_stop: Callable[[dict], None] = lambda event: None) -> str | None:
         """Raise NonFiniteError if the policy says stop, or if ``parameters_finite()`` says the
         parameters are not (whatever made them so: never save them), naming the checkpoint to go
-        back to; else a line about the steps skipped since the last check (None if there were
+        back to, after handing ``on_stop`` the event for the run's record ({"nonfinite": {"step",
+        "error"}}); else a line about the steps skipped since the last check (None if there were
         none). One host read, and the parameters' check."""
         self.count()
         first, last, total, limit_at = self.first, self.last, self.total, self.limit_reached_at
         last_good = recovery_advice(self.run_dir, self.checkpoint_steps, first)
+        error = None
         if self.policy == "stop" and first >= 0:
-            raise NonFiniteError(f"non-finite gradient at step {first}: stopping without saving. {last_good}. "
-                                 f"To drop such steps instead, set nonfinite='skip'")
-        if self.policy == "skip" and limit_at >= 0:
-            raise NonFiniteError(f"{self.max_in_a_row} steps in a row had a non-finite gradient (the last at step "
-                                 f"{limit_at}); stopping. {last_good}")
-        if not parameters_finite():
-            raise NonFiniteError(f"the parameters are not finite at step {step}: stopping without saving. {last_good}")
+            error = (f"non-finite gradient at step {first}: stopping without saving. {last_good}. To drop such steps "
+                     f"instead, set nonfinite='skip'")
+        elif self.policy == "skip" and limit_at >= 0:
+            error = (f"{self.max_in_a_row} steps in a row had a non-finite gradient (the last at step {limit_at}); "
+                     f"stopping. {last_good}")
+        elif not parameters_finite():
+            error = f"the parameters are not finite at step {step}: stopping without saving. {last_good}"
+        if error:
+            on_stop({"nonfinite": {"step": step, "error": error}})
+            raise NonFiniteError(error)
         if self.policy == "stop":
             return None
         new, self.reported = total - self.reported, total

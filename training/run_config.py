@@ -13,6 +13,7 @@ every checkpoint, wandb); resolving a recorded config gives it back.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -39,12 +40,16 @@ class RunConfig:
                              f"the others in optimizer_options") from error
 
 
-def compute_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The dtype a config's ``dtype`` asks for on ``device`` ("auto": bfloat16 where the GPU has it)."""
+def precision(name: str, device: torch.device) -> tuple[torch.dtype, AbstractContextManager, torch.amp.GradScaler]:
+    """The dtype a config's ``dtype`` asks for on ``device`` ("auto": bfloat16 where the GPU has it),
+    the autocast that computes in it (none for float32) and the GradScaler (enabled for float16)."""
     if name == "auto":
         use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if use_bf16 else torch.float32
-    return getattr(torch, name)
+        dtype = torch.bfloat16 if use_bf16 else torch.float32
+    else:
+        dtype = getattr(torch, name)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    return dtype, autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
 def resolve_config(config: TrainConfig) -> RunConfig:
