@@ -27,14 +27,15 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
   one of batch 64), the trainers taking turns: the cost per token (microseconds, tokens/s) and
   its ratio to the largest batch's in the same round, medians over ``--rounds``. Then at the
   smallest batch what the loop costs: its step against the model's forward and backward plus the
-  optimizer step timed bare on the same tensors (one batch, the same model and optimizer), and
-  against that plus the gradient clip the config asks for, every optimizer's three taking turns
-  step by step (medians, of the steps and of a round's differences); and the loop step's parts
-  (scripts/bench_train's phase clock).
+  optimizer step timed bare on the same tensors (the same model and optimizer, batches read
+  beforehand), and against that plus the gradient clip the config asks for, every optimizer's
+  three taking turns step by step (medians, of the steps and of a round's differences); and the
+  loop step's parts (scripts/bench_train's phase clock).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -176,33 +177,37 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
 def loop_overhead(trainers: dict, steps: int) -> dict[str, dict[str, float]]:
     """{name: medians in ms over ``steps`` rounds} for the trainers ``{name: trainer}``: a trainer's
     loop step ("loop"); its model's forward and backward plus the optimizer step and zero_grad alone
-    ("bare", on one batch of the trainer's tokens, with its model and optimizer); "bare" plus the
-    gradient clip of the config ("clipped", torch's clip_grad_norm_ as the loop calls it); and the
-    differences of a round's, "loop - bare" (what the loop adds) and "loop - clipped" (what it adds
-    beyond the clip). Every trainer's three take turns step by step, the order rotating each round:
-    whatever runs first or after another (a cache warm or cold) is each of them in turn."""
+    ("bare", with its model and optimizer, on batches of its tokens read beforehand, a new one each
+    round: one batch over and over is learnt by heart, and AdamW's step on it slowed down by 10%);
+    "bare" plus the gradient clip of the config ("clipped", torch's clip_grad_norm_ as the loop
+    calls it); and the differences of a round's, "loop - bare" (what the loop adds) and "loop -
+    clipped" (what it adds beyond the clip). Every trainer's three take turns step by step, the
+    order rotating each round: whatever runs first or after another (a cache warm or cold) is each
+    of them in turn."""
     import torch
 
-    variants = {}
+    variants = {}  # {(name, variant): fn(round)}
     for name, trainer in trainers.items():
         model, optimizer, config = trainer.model, trainer.optimizer, trainer.config
-        x, y = (t.to(trainer.device) for t in trainer.train_loader.next_batch())
+        batches = [[t.to(trainer.device) for t in trainer.train_loader.next_batch()] for _ in range(steps + 1)]
 
-        def bare(model=model, optimizer=optimizer, config=config, x=x, y=y, clip=False):
+        def bare(i: int, clip: bool, model=model, optimizer=optimizer, config=config, batches=batches):
+            x, y = batches[i]
             model(x, y, z_loss=config.z_loss, logits=False)[1].backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        variants.update({(name, "loop"): lambda trainer=trainer: loop_step(trainer), (name, "bare"): bare,
-                         (name, "clipped"): lambda bare=bare: bare(clip=True)})
+        variants.update({(name, "loop"): lambda i, trainer=trainer: loop_step(trainer),
+                         (name, "bare"): functools.partial(bare, clip=False),
+                         (name, "clipped"): functools.partial(bare, clip=True)})
     for fn in variants.values():
-        fn()  # warm-up
+        fn(steps)  # warm-up, on the batch no round takes
     order, times = list(variants), {key: [] for key in variants}
     for i in range(steps):
         for key in order[i % len(order):] + order[:i % len(order)]:
-            times[key].append(timed_ms(variants[key], trainers[key[0]].device))
+            times[key].append(timed_ms(lambda: variants[key](i), trainers[key[0]].device))
     results = {}
     for name in trainers:
         loop = times[name, "loop"]
