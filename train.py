@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch.profiler import record_function
 from tqdm import tqdm
 
 from configs import command_line_config, save_config, usage
@@ -82,7 +81,8 @@ class Trainer:
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
                                    vocab_size=self.tokenizer.n_vocab)
         self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
-                                        world_size=self.ctx.world_size, seed=config.data_seed, **self.loader_options)
+                                        world_size=self.ctx.world_size, seed=config.data_seed, device=self.device,
+                                        **self.loader_options)
         self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
         self.checkpoints = Checkpointer(self.layout, self.run_dir, config)
         self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.run_dir,
@@ -97,9 +97,9 @@ class Trainer:
             self.restore()
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
-        # Each phase of a step (PHASES) runs in ``with self.phase(name)``: a torch.profiler range (a
-        # trace shows them); scripts/bench_train puts a timer here instead.
-        self.phase = record_function
+        # Each phase of a step (PHASES) runs in ``with self.phase(name)``: a torch.profiler range while a
+        # profiler records (a trace shows them); scripts/bench_train puts a timer here instead.
+        self.phase = metrics.phase_range
         self.signals = StopSignals(self.ctx.is_main)
         self.run_lock = self.checkpoints.lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
 
@@ -201,18 +201,18 @@ class Trainer:
         """Accumulate the gradient of loss_fn(model, x, y, stream offset of x) over the global
         batch's micro-batches, unscaled and all-reduced; returns the mean loss. ``observers``: the
         parts told of each micro-batch's backward and of the reduced gradient (a training step's)."""
-        total_loss = torch.zeros((), device=self.device)
-        for micro_step in range(self.batches.accumulation):
+        total_loss, accumulation = None, self.batches.accumulation
+        for micro_step in range(accumulation):
             with self.phase("data"):
                 offset = self.train_loader.next_offset
-                x, y = (t.to(self.device, non_blocking=True) for t in self.train_loader.next_batch())
-            # Gradients are reduced across the ranks only on the last micro-step.
-            last = micro_step == self.batches.accumulation - 1
+                x, y = self.train_loader.next_batch()  # (on the device: pinned and copied without waiting on CUDA)
+            last = micro_step == accumulation - 1  # (gradients are reduced across the ranks on the last one only)
             with self.phase("forward"), self.layout.gradient_sync(self.train_model, last), self.autocast:
-                loss = loss_fn(self.train_model, x, y, offset) / self.batches.accumulation
+                loss = loss_fn(self.train_model, x, y, offset)
+                loss = loss / accumulation if accumulation > 1 else loss  # (x / 1 is x: no node in the backward)
             with self.phase("backward"):
                 self.scaler.scale(loss).backward()
-            total_loss += loss.detach()
+            total_loss = loss.detach().float() if total_loss is None else total_loss + loss.detach()
             for part in observers:
                 part.after_backward(micro_step)
         self.scaler.unscale_(self.optimizer)

@@ -11,6 +11,10 @@ import pytest
 
 from configs import load_config
 from helpers import ROOT
+
+# Each study's model and evaluations at a size that trains in seconds (--set overrides of every preset).
+TINY_STUDY = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
+              "probe_batch_size=2"]
 from study.report import first_table, report
 from study.runs import find_runs
 
@@ -22,11 +26,9 @@ def final_val_loss(run) -> float:
 @pytest.mark.slow  # two runs at once in processes of their own, then the report and figures
 def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archive(tmp_path, byte_shards):
     out, archive = tmp_path / "mini", tmp_path / "runs.tar.xz"
-    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
-            "probe_batch_size=2"]
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", f"--out={out}", f"--data-dir={byte_shards}",
                              "--optimizers=adamw,muonclip", "--batches=4,8", "--seeds=2", "--tokens=1024",
-                             "--extend=1", "--jobs=2", f"--archive={archive}", *(f"--set={t}" for t in tiny)],
+                             "--extend=1", "--jobs=2", f"--archive={archive}", *(f"--set={t}" for t in TINY_STUDY)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -62,12 +64,10 @@ def test_the_mini_study_runs_its_stages_and_writes_the_report_figures_and_archiv
 @pytest.mark.slow  # three tiny runs in processes of their own, then the report
 def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_records(tmp_path, byte_shards):
     out, archive = tmp_path / "benchmark", tmp_path / "benchmark.tar.xz"
-    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
-            "probe_batch_size=2"]
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=benchmark", f"--out={out}",
                              f"--data-dir={byte_shards}", "--optimizers=adamw_schedulefree", "--batches=8",
                              "--seeds=1", "--tokens=1024", "--extend=0", "--jobs=2", f"--archive={archive}",
-                             "--no-figures", *(f"--set={t}" for t in tiny)],  # (the paper test draws them)
+                             "--no-figures", *(f"--set={t}" for t in TINY_STUDY)],  # (the paper test draws them)
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = find_runs([archive])
@@ -167,12 +167,11 @@ def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by
 @pytest.mark.slow  # tiny runs in processes of their own, then the report, the small-batch figure and the archive
 def test_the_small_batch_preset_reports_beside_the_paper_preset_s_records(tmp_path, byte_shards):
     out, archive = tmp_path / "small", tmp_path / "small_batch.tar.xz"
-    tiny = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
-            "probe_batch_size=2"]
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", f"--out={out}",
                              f"--data-dir={byte_shards}", "--optimizers=adamw_halflife,sgd", "--batches=1,2",
                              "--seeds=2", "--tokens=512", "--extend=0", "--jobs=2", f"--archive={archive}",
-                             *(f"--set={t}" for t in tiny)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             *(f"--set={t}" for t in TINY_STUDY)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = find_runs([archive])
     trained = [r for r in runs if r.folder.relative_to(archive).parts[0] in ("adamw_halflife", "sgd")]
