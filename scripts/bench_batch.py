@@ -1,10 +1,11 @@
 """What the batch axis costs (docs/batch.md, docs/performance.md): a batch schedule's per-step cost
 against a fixed batch, a CBS branch's overhead over training the same tokens from scratch, and what
-a token costs at small batches.
+a token costs at small batches; and apart, what subnormal floats cost a model that has them.
 
     python -m scripts.bench_batch [schedule] [branch] [small] [--config FILE] [--set key=value ...]
                                   [--steps 40] [--repeats 3] [--optimizers adamw merit]
                                   [--batches 1 2 4 8 16 32 64] [--accumulated 64] [--rounds 10] [--json FILE]
+    python -m scripts.bench_batch subnormal --checkpoint CKPT [--steps 40] [--rounds 10]
 
 Each (all three by default) on the config's model in this process (one rank), on random tokens of
 its tokenizer (scripts/bench_train's synthetic data); without ``--config``, schedule and branch take
@@ -31,6 +32,14 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
   beforehand), and against that plus the gradient clip the config asks for, every optimizer's
   three taking turns step by step (medians, of the steps and of a round's differences); and the
   loop step's parts (scripts/bench_train's phase clock).
+
+And, only when named, with ``--checkpoint``:
+
+* **subnormal**: the checkpoint's model, one thread, ``--steps`` forwards and backwards of one
+  sequence of random tokens a round, with IEEE floats and with subnormals flushed to zero
+  (``flush_denormals``) in turn, ``--rounds`` rounds: each mode's median ms per step, their
+  ratio, and the subnormal gradient entries of one step. A checkpoint whose attention logits ran
+  away (the small-batch study's MERIT at batch 1, lr 0.00795 and up) shows what they cost.
 """
 from __future__ import annotations
 
@@ -50,7 +59,8 @@ from typing import NamedTuple
 
 from scripts.bench_train import ROOT, breakdown, loop_step, synthetic_trainer, timed_ms
 
-MEASUREMENTS = ("schedule", "branch", "small")
+MEASUREMENTS = ("schedule", "branch", "small", "subnormal")
+DEFAULT_MEASUREMENTS = MEASUREMENTS[:3]  # (subnormal needs a checkpoint)
 DEFAULT_CONFIG = ROOT / "configs" / "default.py"
 # What of the mini-study's base config (scripts/mini_study.BASE) the small-batch measurement trains with.
 SHAPE_KEYS = ("tokenizer", "model", "n_layer", "n_head", "n_embd", "block_size", "dropout", "lr_schedule", "grad_clip")
@@ -174,6 +184,44 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
     return per_token, overhead, described
 
 
+def subnormal_cost(checkpoint: Path, steps: int, rounds: int) -> dict:
+    """{"ieee_ms", "flushed_ms": medians over ``rounds`` of a forward and backward's ms (``steps``
+    a round, the modes in turn), "ratio": theirs, "subnormal_grads": subnormal gradient entries
+    after one step with IEEE floats, "grads": all of them} on ``checkpoint``'s model, one thread
+    (the flush mode is a thread's own: one thread has all of it)."""
+    import torch
+    from model import GPT
+    from training.checkpoint import Checkpoint
+    torch.set_num_threads(1)
+    saved = Checkpoint.load(checkpoint)
+    model = GPT(saved.model_config(checkpoint))
+    model.load_state_dict(saved.model)
+    generator = torch.Generator().manual_seed(0)
+    shape = (1, model.config.block_size)
+    batches = [torch.randint(model.config.vocab_size, shape, generator=generator) for _ in range(2 * steps)]
+
+    def step(x, y):
+        model.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+
+    step(batches[0], batches[1])
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    tiny = torch.finfo(torch.float32).tiny
+    subnormal = sum(int(((g != 0) & (g.abs() < tiny)).sum()) for g in grads)
+    times = {True: [], False: []}
+    try:
+        for _ in range(rounds):
+            for flush in (False, True):
+                torch.set_flush_denormal(flush)
+                times[flush].append(timed_ms(lambda: [step(batches[i], batches[i + 1])
+                                                      for i in range(0, 2 * steps, 2)], torch.device("cpu")) / steps)
+    finally:
+        torch.set_flush_denormal(False)
+    ieee, flushed = statistics.median(times[False]), statistics.median(times[True])
+    return {"ieee_ms": ieee, "flushed_ms": flushed, "ratio": ieee / flushed, "subnormal_grads": subnormal,
+            "grads": sum(g.numel() for g in grads)}
+
+
 def loop_overhead(trainers: dict, steps: int) -> dict[str, dict[str, float]]:
     """{name: medians in ms over ``steps`` rounds} for the trainers ``{name: trainer}``: a trainer's
     loop step ("loop"); its model's forward and backward plus the optimizer step and zero_grad alone
@@ -263,8 +311,10 @@ def print_small(per_token: dict, overhead: dict, described: list[str], rounds: i
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("measurements", nargs="*", choices=MEASUREMENTS, default=list(MEASUREMENTS),
-                        metavar="MEASUREMENT", help=f"of {', '.join(MEASUREMENTS)} (default: all)")
+    parser.add_argument("measurements", nargs="*", choices=MEASUREMENTS, default=list(DEFAULT_MEASUREMENTS),
+                        metavar="MEASUREMENT", help=f"of {', '.join(MEASUREMENTS)} "
+                                                    f"(default: {', '.join(DEFAULT_MEASUREMENTS)})")
+    parser.add_argument("--checkpoint", type=Path, help="subnormal: the checkpoint whose model is measured")
     parser.add_argument("--config", type=Path,
                         help="default: configs/default.py, with the mini-study's shape for small")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -276,9 +326,11 @@ def main(argv=None) -> dict:
                         help="small: global batches in one micro-batch")
     parser.add_argument("--accumulated", type=int, default=64,
                         help="small: a batch of this many micro-batches of one (0: none)")
-    parser.add_argument("--rounds", type=int, default=10, help="small: rounds of every setting")
+    parser.add_argument("--rounds", type=int, default=10, help="small, subnormal: rounds of every setting")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if "subnormal" in args.measurements and not args.checkpoint:
+        parser.error("subnormal measures a checkpoint's model: give --checkpoint RUN/ckpt.pt")
     overrides = [f"--{item}" for item in args.set]
     import torch
     print(f"{' '.join(args.measurements)}: config {args.config or DEFAULT_CONFIG} {' '.join(overrides)}; "
@@ -306,6 +358,13 @@ def main(argv=None) -> dict:
             measured = small_batches(config, [*shape, *overrides], folder, args.optimizers, args.batches,
                                      args.accumulated, args.rounds)
             results["small"] = print_small(*measured, args.rounds)
+        if "subnormal" in args.measurements:
+            cost = subnormal_cost(args.checkpoint, args.steps, args.rounds)
+            print(f"subnormal: {args.checkpoint}: a forward and backward of one sequence {cost['ieee_ms']:.2f} ms with "
+                  f"IEEE floats, {cost['flushed_ms']:.2f} ms with subnormals flushed: {cost['ratio']:.2f}x (one thread, "
+                  f"medians of {args.rounds} rounds of {args.steps}); {cost['subnormal_grads']} of {cost['grads']:,} "
+                  f"gradient entries subnormal")
+            results["subnormal"] = cost
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return results

@@ -1,7 +1,7 @@
 """scripts/bench_batch.py's small-batch measurement on a tiny model: a per-token row for every batch
 and the accumulated one, per optimizer, each ratio to the largest batch's in the same rounds, the
 batch-1 loop against its bare forward, backward and optimizer step, and the numbers it prints are
-the ones it writes. Speed itself is never asserted."""
+the ones it writes; its subnormal measurement of a checkpoint's model. Speed itself is never asserted."""
 import json
 import re
 import subprocess
@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from helpers import ROOT, TINY
+from helpers import ROOT, TINY, TINY_RUN, train_here
+from model import GPT, GPTConfig
+from training.checkpoint import Checkpoint
 
 
 @pytest.mark.slow  # a process of its own
@@ -39,3 +41,25 @@ def test_bench_batch_tables_the_cost_per_token_and_the_loop_s_overhead(tmp_path)
         assert all(overhead[key] > 0 for key in ("loop", "bare", "clipped")) and "loop - clipped" in overhead
         assert {"data", "forward", "backward", "optimizer"} <= set(overhead["parts_ms"])
         assert f"{name} at batch 1: loop step {overhead['loop']:.3f} ms" in result.stdout and overhead["batch"] == 1
+
+
+@pytest.mark.slow  # a process of its own
+def test_bench_batch_subnormal_times_a_checkpoint_s_model_both_ways_and_counts_its_gradient(byte_shards, tmp_path):
+    train_here(*TINY_RUN, "--max_steps=2", "--batch_size=2", "--micro_batch_size=2",
+               f"--data_dir={byte_shards}", f"--out_dir={tmp_path}")
+    checkpoint = tmp_path / "default" / "ckpt.pt"
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_batch", "subnormal", f"--checkpoint={checkpoint}",
+                             "--steps=2", "--rounds=2", f"--json={out}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cost = json.loads(out.read_text())["subnormal"]
+    weights = {id(tensor): tensor.numel() for tensor in GPT(GPTConfig(**Checkpoint.load(checkpoint).model_args))
+               .parameters()}  # (each tied tensor once, as the model's gradients)
+    assert cost["grads"] == sum(weights.values()) and 0 <= cost["subnormal_grads"] < cost["grads"]
+    assert cost["ratio"] == pytest.approx(cost["ieee_ms"] / cost["flushed_ms"])
+    assert (f"{cost['ieee_ms']:.2f} ms with IEEE floats, {cost['flushed_ms']:.2f} ms with subnormals flushed: "
+            f"{cost['ratio']:.2f}x") in result.stdout
+    refused = subprocess.run([sys.executable, "-m", "scripts.bench_batch", "subnormal"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "give --checkpoint RUN/ckpt.pt" in refused.stderr
