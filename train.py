@@ -31,7 +31,7 @@ from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
-from training.run_config import RunConfig, flush_denormals, precision, resolve_config
+from training.run_config import RunConfig, precision, resolve_config
 from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
@@ -54,8 +54,7 @@ class Trainer:
         # The resolved config is what the run trains with and records (config.json, checkpoints, wandb).
         self.config = config = run.config
         self.optimizer_settings = run.optimizer_settings
-        flush_denormals(config.flush_denormals)  # (before torch's worker threads start: they copy the mode)
-        self.ctx = distributed.setup(config.device)
+        self.ctx = distributed.setup(config.device, config.flush_denormals)  # (before any computation)
         self.device = self.ctx.device
         self.layout = Layout.of(config.zero_stage, config.fsdp, self.ctx)
         self.run_dir = Path(config.out_dir) / config.run_name
@@ -276,8 +275,6 @@ class Trainer:
         self.run_lock.release()
         self.train_loader.close()
         distributed.teardown(self.ctx)
-        if self.config.flush_denormals:  # IEEE floats again in the process that started the run
-            torch.set_flush_denormal(False)
 
 
 def main(argv: list[str]):

@@ -482,7 +482,7 @@ def test_flush_denormals_reaches_every_thread_when_set_first_and_says_so_when_no
     # sets it) or after one ("late": the worker thread keeps IEEE floats, and a warning says so).
     code = f"""
 import warnings, torch
-from training.run_config import flush_denormals
+from training.distributed import flush_denormals
 torch.set_num_threads(2)
 if {when == "late"}:
     (torch.ones(1 << 20) * 2).sum()

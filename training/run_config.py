@@ -13,7 +13,6 @@ every checkpoint, wandb); resolving a recorded config gives it back.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -51,27 +50,6 @@ def precision(name: str, device: torch.device) -> tuple[torch.dtype, AbstractCon
         dtype = getattr(torch, name)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     return dtype, autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-
-
-def flush_denormals(on: bool):
-    """Compute the CPU's subnormal floats as zero, on every thread of torch's pool (``flush_denormals``).
-
-    The mode is a register of each thread (MXCSR on x86), which torch's worker threads copy from
-    the main thread when they start: set before the process computes anything in parallel (as
-    train.py's start-up does), it reaches every thread; set later (a run started inside a process
-    that has computed, e.g. a test), only the main thread, which a product of two small floats in
-    parallel shows, and a warning says."""
-    if not on:
-        return
-    if not torch.set_flush_denormal(True):
-        raise ConfigError("flush_denormals=True: this CPU has no flush-to-zero mode (x86 with SSE3, or ARM); "
-                          "leave flush_denormals at False")
-    # 1e-40 is subnormal in float32; a chunk per thread (torch's grain: 32,768 elements)
-    tiny = torch.full((32768 * torch.get_num_threads(),), 1e-30) * 1e-10
-    if survivors := int(torch.count_nonzero(tiny)):
-        warnings.warn(f"flush_denormals=True reached only some of torch's {torch.get_num_threads()} threads "
-                      f"({survivors} of {tiny.numel()} subnormal products survived): they started before it was set; "
-                      f"start the run in a fresh process (python train.py ...) for every thread to flush")
 
 
 def resolve_config(config: TrainConfig) -> RunConfig:
