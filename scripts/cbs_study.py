@@ -51,9 +51,10 @@ ramps.png); scripts/report.py and scripts/plot.py draw the same from the archive
 finished runs and branches and resumes interrupted ones.
 
 **Time** (2 cores, 2 jobs): the study before these changes (24 runs, 420 branches) took 33.6
-minutes; this one has 30 runs (the six ``large_half_life`` ones about 1,024 steps each) and 360
-branches (5 checkpoints x 6 multipliers x 3 seeds x 4 optimizers), about 38 minutes by the per-step
-costs measured here (a step of b sequences: about 20 + 3 b ms in one thread).
+minutes; this one took 31.2 (2026-12-06): the 12 parents and 360 branches (5 checkpoints x 6
+multipliers x 3 seeds x 4 optimizers), and no ramp, since the measured B* never reached 16 (a
+ramp and its two large-batch controls would add 18 runs, about 7 minutes by the per-step costs
+measured here: a step of b sequences about 20 + 3 b ms in one thread).
 """
 from __future__ import annotations
 

@@ -347,120 +347,52 @@ def test_the_critical_batch_findings():
     cbs = {opt: {r["step"]: r for r in rows(CBS, f"## Critical batch size by branching: {opt}, batch 8, s0")}
            for opt in optimizers}
     steps = ["64", "256", "512", "1024", "1536"]
-    later = steps[1:]
+    cells = [cbs[opt][s] for opt in optimizers for s in steps]
 
     def by_k(row):
         return {k: (d, hw) for k, d, hw in re.findall(r"([\d.]+): ([-+][\d.]+) ±([\d.]+)", row["L_k - L_1 by k"])}
-    start, part, merit, plan, ramp, large = findings("critical_batch.md")
-    simple = part
-
-    assert all(cbs[opt]["64"]["k* (eps 0.01)"] == "0.25" and cbs[opt]["64"]["B*"] == "2" for opt in optimizers)
-    sixteen = [by_k(cbs[opt]["64"])["16"] for opt in optimizers]
-    assert all(abs(float(d)) > float(hw) for d, hw in sixteen)
-    says(start, "k* = 0.25 (B* = 2)", "lose {} to {} against the 1x batch's, every interval excluding 0".format(
-        *extremes([d for d, _ in sixteen])))
-    assert [cbs[opt]["256"]["B*"] for opt in optimizers] == ["64", "64", "64", "16"]
-    assert {cbs[opt][s]["B*"] for opt in optimizers for s in steps[2:]} == {"2", "8"}
-    says(part, "B* = 64 for AdamW, LAMB and MERIT and 16 for Muon at step 256, then 2 or 8 at steps 512 to 1,536",
-         "the interval rule gives {} to {} at each of those steps".format(
-             *extremes([cbs[opt][s]["B* (interval)"] for opt in optimizers for s in later])),
-         "half-widths of {} to {}".format(*extremes([by_k(cbs[opt][s])["0.25"][1] for opt in optimizers for s in later])))
-    # Over k >= 1 (no fraction as reference) the paper's rule is nowhere below its B* with the fractions.
-    assert all(float(cbs[opt][s]["B* over k >= 1"]) >= float(cbs[opt][s]["B*"]) for opt in optimizers for s in steps)
-    series = {(opt, column): ", ".join(cbs[opt][s][column] for s in steps)
-              for opt in ("adamw", "merit") for column in ("B*", "B* over k >= 1")}
-    says(merit, f"AdamW's B* is {series['adamw', 'B*']} at the five checkpoints by the paper's rule",
-         f"against {series['adamw', 'B* over k >= 1']} over k >= 1;")
-    for column, rule in (("B*", "by the paper's rule"), ("B* over k >= 1", "over k >= 1"),
-                         ("B* (interval)", "by the interval rule")):
+    paper, interval_rule, no_ramp, merit, simple = findings("critical_batch.md")
+    # The paper's rule: B* 2 to 8 everywhere; the 2x batch behind the 1x on the mean, by more than epsilon but at one.
+    assert {r["B*"] for r in cells} <= {"2", "4", "8"} and {r["k* (eps 0.01)"] for r in cells} <= {"0.25", "0.5", "1"}
+    doubled = {(opt, s): by_k(cbs[opt][s])["2"] for opt in optimizers for s in steps}
+    assert all(float(d) > 0 for d, _ in doubled.values())
+    within = [(opt, s, d) for (opt, s), (d, _) in doubled.items() if float(d) <= 0.01]
+    assert within == [("lamb", "64", "+0.0096")]
+    says(paper, "B* is 2 to 8 sequences at every checkpoint, for all four optimizers", "(k* = 0.25 to 1)",
+         "by {} to {}, more than epsilon = 0.01 everywhere but LAMB's step 64 (+0.0096)".format(
+             *extremes([d for d, _ in doubled.values()])))
+    # Over k >= 1: the parent's batch but at LAMB's step 64; the interval rule's span and the 2x half-widths.
+    assert [(opt, s) for opt in optimizers for s in steps if cbs[opt][s]["B* over k >= 1"] != "8"] == [("lamb", "64")]
+    assert cbs["lamb"]["64"]["B* over k >= 1"] == "16"
+    says(interval_rule, "B* is the parent's batch, 8, at every checkpoint but LAMB's step 64 (16)",
+         "the interval rule gives {} to {}".format(*extremes([r["B* (interval)"] for r in cells])),
+         "half-widths are ±{} to ±{}".format(*extremes([hw for _, hw in doubled.values()])))
+    # The ramp: the paper's B* never at twice the batch (16) for the ramped optimizers, so no ramp and no control.
+    series = {opt: ", ".join(cbs[opt][s]["B*"] for s in steps) for opt in optimizers}
+    assert all(int(cbs[opt][s]["B*"]) < 16 for opt in ("adamw", "merit") for s in steps)
+    says(no_ramp, f"({series['adamw']} and {series['merit']})")
+    report_sections = report_of(CBS, "val/loss", "heldout/loss")
+    assert "## Batch ramps" not in report_sections and "ramp" not in {r["point"] for r in rows(CBS, "## Final heldout/loss")}
+    # MERIT against AdamW, by both rules.
+    for column, rule in (("B*", "at the five checkpoints by the paper's rule"), ("B* (interval)", "by the interval rule")):
         ours, adamw = ([cbs[opt][s][column] for s in steps] for opt in ("merit", "adamw"))
-        assert all(float(a) <= float(b) for a, b in zip(ours, adamw))
-        says(merit, f"{', '.join(ours)} against {', '.join(adamw)}" + (" at the five checkpoints " if column == "B*" else " ") + rule)
-    b_star = [cbs[opt][s]["B*"] for opt in optimizers for s in steps]
-    low, high = extremes(b_star)
-    adam_like = [cbs[opt][s]["B_simple (sequences)"] for opt in optimizers[:3] for s in later]
-    muon = [cbs["muon"][s]["B_simple (sequences)"] for s in later]
+        says(merit, f"{', '.join(ours)} against {', '.join(adamw)} {rule}")
+    above = [s for s in steps if int(cbs["merit"][s]["B*"]) > int(cbs["adamw"][s]["B*"])]
+    assert above == ["64"] and "(above at step 64 only)" in merit
+    # B_simple within the two rules' span.
+    low, high = extremes([r["B*"] for r in cells] + [r["B* (interval)"] for r in cells])
+    adam_like = [cbs[opt][s]["B_simple (sequences)"] for opt in optimizers[:3] for s in steps[1:]]
+    muon = [cbs["muon"][s]["B_simple (sequences)"] for s in steps[1:]]
     assert all(float(low) <= float(v) <= float(high) for v in adam_like + muon)
-    says(simple, f"B* from {low} to {high} by the paper's rule",
-         "{} to {} sequences for AdamW, LAMB and MERIT".format(*extremes(adam_like)), "{} to {} for Muon".format(*extremes(muon)))
-    ramped = ("adamw", "merit")
-    arms = {(r["point"], r["arm"]): r for r in rows(CBS, "## Batch ramps against constant batches")}
-    delta, versus_large = "Δ vs constant small, paired by seed [95%]", "Δ vs constant large, paired by seed [95%]"
-    # The plan: the rule doubled once, at step 256 where B* = 64; afterwards B* below the ramp's batch.
-    planned = {}
-    for r in rows(CBS, "## Batch ramps as planned"):
-        planned.setdefault(r["point"], []).append(r)
-    total = int(arms["adamw", "constant small"]["steps"].replace(",", "")) * 8 * 64  # 2,048 steps of 8 x 64 tokens
-    for opt in ramped:
-        plan_rows = planned[opt]
-        assert [r["step"] for r in plan_rows] == steps
-        assert all(r["B* (the small batch's)"] == cbs[opt][r["step"]]["B*"] for r in plan_rows)
-        assert all(r["B* over k >= 1"] == cbs[opt][r["step"]]["B* over k >= 1"] for r in plan_rows)
-        doubled = [(r["step"], r["B* (the small batch's)"], r["B* >= 2 x it: doubles"]) for r in plan_rows
-                   if r["B* >= 2 x it: doubles"] != "no"]
-        assert doubled == [("256", "64", "yes, to 16")]
-        after = [r for r in plan_rows if int(r["step"]) > 256]
-        assert {r["the ramp's batch from there (as run)"] for r in after} == {"16"}
-        assert all(int(r["B* (the small batch's)"]) < 16 for r in after)
-        assert arms[opt, "ramp"]["batch (sequences)"] == "8 -> 16 (at 131,072 tokens)"
-        # The share of tokens a doubled batch ran above the B* last measured, from the plan's rows.
-        base = int(plan_rows[0]["the rule's batch before"])
-        edges = [int(r["tokens"].replace(",", "")) for r in plan_rows] + [total]
-        above = sum(stop - begin for r, begin, stop in zip(plan_rows, edges, edges[1:])
-                    if base < int(r["the ramp's batch from there (as run)"]) > int(r["B* (the small batch's)"]))
-        assert arms[opt, "ramp"]["tokens above the measured B*"] == f"{100 * above / total:.0f}%" == "75%"
-        measured = ", ".join(r["B* (the small batch's)"] for r in after)
-        says(plan, f"{measured} ({dict(adamw='AdamW', merit='MERIT')[opt]})")
-    says(plan, "doubled the batch to 16 at step 256, where B* = 64", "at steps 512 to 1,536 B* measured",
-         "while the ramp ran at 16, 75% of its tokens above "
-               "the measured B*")
-    assert {arms[opt, "ramp"]["steps"] for opt in ramped} == {"1,152"}
-    assert {arms[opt, "ramp"]["steps saved"] for opt in ramped} == {"44%"}
-    assert not any(excludes_zero(arms[opt, "ramp"][delta]) for opt in ramped)
-    trio = {opt: [mean(arms[opt, arm]["final heldout/loss"]) for arm in ("constant small", "ramp", "constant large")]
-            for opt in ramped}
-    assert all(float(a) < float(b) < float(c) for a, b, c in trio.values())
-    says(ramp, "took 1,152 steps, 44% fewer than the constant batch 8",
-         f"{arms['adamw', 'ramp'][delta]} (AdamW) and {arms['merit', 'ramp'][delta]} (MERIT), intervals including 0",
-         f"AdamW {' / '.join(trio['adamw'])}, MERIT {' / '.join(trio['merit'])}")
-    # The ramp against the constant large batch: AdamW's interval includes 0, MERIT's lies below it.
-    more = {int(arms[opt, "ramp"]["steps"].replace(",", "")) / int(arms[opt, "constant large"]["steps"].replace(",", ""))
-            for opt in ramped}
-    assert more == {1.125}
-    assert not excludes_zero(arms["adamw", "ramp"][versus_large])
-    assert excludes_zero(arms["merit", "ramp"][versus_large]) and interval(arms["merit", "ramp"][versus_large])[1] < 0
-    says(ramp, f"at {100 * (more.pop() - 1):.1f}% more steps, AdamW's ramp gained nothing, "
-               f"{arms['adamw', 'ramp'][versus_large]}", f"MERIT's ended below it, {arms['merit', 'ramp'][versus_large]}, "
-               "excluding 0")
-    excluding = [(opt, arm) for opt in ramped for arm in ("ramp", "constant large")
-                 if excludes_zero(arms[opt, arm][delta])]
-    assert excluding == [("merit", "constant large")]
-    says(large, f"{arms['adamw', 'constant large'][delta]} (AdamW) and {arms['merit', 'constant large'][delta]} (MERIT), "
-                "MERIT's the one interval excluding 0 of the four against the constant small batch")
-    # Steps to equal loss: neither the ramp nor the large batch reaches the small batch's final; to the highest final
-    # of the arms (the large batch's) the steps each arm needs.
-    equal = {(r["point"], r["heldout/loss to reach"].split(" (")[1].rstrip(")"), r["arm"]): r
-             for r in rows(CBS, "## Batch ramps: steps and tokens to equal heldout/loss")}
-    for opt in ramped:
-        for arm in ("ramp", "constant large"):
-            assert equal[opt, "the constant small batch's final", arm]["steps"].startswith("not reached")
-        target = equal[opt, "the highest final of the arms", "ramp"]["heldout/loss to reach"].split()[0]
-        assert target == max(trio[opt], key=float) == trio[opt][2]
-    need = {arm: " / ".join(equal[opt, "the highest final of the arms", arm]["steps"] for opt in ramped)
-            for arm in ("constant small", "ramp", "constant large")}
-    assert all(int(equal[opt, "the highest final of the arms", "ramp"]["steps"].replace(",", "")) >
-               int(equal[opt, "the highest final of the arms", "constant large"]["steps"].replace(",", "")) for opt in ramped)
-    says(large, f"to the highest final of the arms ({trio['adamw'][2]}, {trio['merit'][2]}) the ramp needs {need['ramp']} "
-                f"steps against {need['constant large'].split(' / ')[0]} for the batch 16 and {need['constant small']} "
-                "for the batch 8")
-    assert set(need["constant large"].split(" / ")) == {"1,024"}
+    says(simple, "{} to {} sequences for AdamW, LAMB and MERIT".format(*extremes(adam_like)),
+         "{} to {} for Muon".format(*extremes(muon)), f"the two rules' B*, {low} to {high}")
     mini = {r["point"]: mean(r["batch 8"]) for r in rows(MINI, "## Final heldout/loss")}
-    assert [trio["adamw"][0], trio["merit"][0]] == [mini["adamw"], mini["merit"]]
-    says(flat((RESULTS / "critical_batch.md").read_text()), f"{mini['adamw']} and {mini['merit']} in both")
-    says(index_line("The critical batch"), f"B* is {low} sequences for all four at step 64 and {low} to {high} "
-                                           "afterwards", f"AdamW's ramp ends level with the constant batch 16, "
-                                           f"{arms['adamw', 'ramp'][versus_large]}, and MERIT's below it, "
-                                           f"{arms['merit', 'ramp'][versus_large]}, at 12.5% more steps")
+    parents = {r["point"]: mean(r["batch 8"]) for r in rows(CBS, "## Final heldout/loss")}
+    assert [parents["adamw"], parents["merit"]] == [mini["adamw"], mini["merit"]]
+    says(flat((RESULTS / "critical_batch.md").read_text()), f"{mini['adamw']} (AdamW) and {mini['merit']} (MERIT) in both")
+    says(index_line("The critical batch"), "B* is {} to {} sequences at every checkpoint for all four".format(
+        *extremes([r["B*"] for r in cells])), "the interval rule gives {} to {}".format(
+        *extremes([r["B* (interval)"] for r in cells])))
 
 
 def test_the_cures_findings():
