@@ -214,8 +214,9 @@ class TrainConfig:
     compile: bool = role("bookkeeping", False)  # torch.compile the model
     # CPU floats below float's normal range (subnormals) computed as zero (x86 FTZ and DAZ): a run whose
     # attention logits ran away fills its backward with them, each far slower than a normal float
-    # (docs/performance.md); off: IEEE arithmetic, the floats every recorded run has
-    flush_denormals: bool = role("experiment", False)
+    # (docs/performance.md); off: IEEE arithmetic. How the floats are computed, as compile and
+    # optim_backend, not what is trained: only values below 1.2e-38 change
+    flush_denormals: bool = role("bookkeeping", False)
     # --- scale-out (training/parallel.py; docs/scaling_out.md): DDP by default on several ranks ---
     # 1: ZeRO-1, each rank keeps the optimizer state of its share of whole parameters
     zero_stage: int = role("bookkeeping", 0)
