@@ -7,7 +7,7 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --preset benchmark --archive docs/mini_study/benchmark.tar.xz
     python -m scripts.mini_study --preset llama_cures --archive docs/mini_study/llama_cures.tar.xz
     python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
-    python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz
+    python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz   # 43.8 minutes
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -48,7 +48,7 @@ the half-life in tokens of 0.95 at batch 128 (``HALF_LIFE_BATCH``: 0.95 ** (B / 
 and figures add the small-batch section, as scripts/report.py and scripts/plot.py do for any runs
 that reach a batch of one sequence: each point against its optimizer's largest batch and against
 AdamW at the same batch, paired by seed, the range of good lrs, the wall time per token, and
-``small_batch.png``.
+``small_batch.png``. Its runs flush subnormal floats (``flush_denormals``; the comment at PRESETS).
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
 checkpoint per run), ``report.md`` (scripts/report.py's tables: lrs chosen on val/loss, every

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.docs
 
 DEMO, DIVERGE, CBS = "docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/cbs_study/runs.tar.xz"
 MINI, BENCHMARK = "docs/mini_study/runs.tar.xz", "docs/mini_study/benchmark.tar.xz"
-CURES = "docs/mini_study/llama_cures.tar.xz"
-HELDOUT = {MINI, BENCHMARK, CURES, CBS}  # their lrs chosen on val/loss, their tables read on heldout/loss
+CURES, SMALL = "docs/mini_study/llama_cures.tar.xz", "docs/mini_study/small_batch.tar.xz"
+HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL}  # their lrs chosen on val/loss, their tables read on heldout/loss
 # Each study's page and the archives its tables come from.
-STUDY_PAGES = {"default_job.md": {DEMO, DIVERGE}, "batch_axis.md": {MINI}, "benchmark.md": {BENCHMARK},
+STUDY_PAGES = {"default_job.md": {DEMO, DIVERGE}, "batch_axis.md": {MINI, SMALL}, "benchmark.md": {BENCHMARK},
                "critical_batch.md": {CBS}, "cures.md": {CURES}}
 BATCHES = ("8", "32", "128", "512")
 
@@ -66,10 +66,14 @@ def rows(archive: str, section: str) -> list[dict[str, str]]:
     return parse_table(first_table(text, section))
 
 
-def findings(page: str) -> list[str]:
-    """The bullets a results page opens with (its first list), each on one line."""
+def findings(page: str, section: str | None = None) -> list[str]:
+    """The bullets a results page opens with (its first list), or its ``## section`` opens with,
+    each on one line."""
+    text = (RESULTS / page).read_text()
+    if section:
+        text = text.split(f"\n## {section}\n", 1)[1]
     bullets = []
-    for line in (RESULTS / page).read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("- "):
             bullets.append(line[2:])
         elif bullets and line.startswith("  "):
@@ -285,6 +289,73 @@ def test_the_batch_axis_findings():
     assert not any(excludes_zero(cell) for cell in cells) and all(excludes_zero(delta["muon", b]) for b in BATCHES)
     says(index_line("The batch axis"), "No interval of MERIT's difference from AdamW excludes 0 at any of the four "
                                        "batches, while Muon's all do")
+
+
+SMALL_END, SMALL_BATCHES = "The small-batch end (Marek et al. 2025)", ("1", "2", "4", "8", "32")
+
+
+def test_the_small_batch_end_s_findings():
+    """The batch-axis page's small-batch section (Marek et al. 2025's four claims): its findings, each
+    naming its tables, held against the small_batch archive's report and bench_batch's table, and
+    the index's line."""
+    bullets = findings("batch_axis.md", SMALL_END)
+    sections = {section.removeprefix("## ") for *_, section, _ in blocks()}
+    for bullet in bullets:
+        named = re.findall(r"(?<![\w*])\*(?=\S)([^*]+?)(?<=\S)\*(?![\w*])", bullet)
+        assert named and all(any(s.startswith(name) for s in sections) for name in named), bullet
+    half = "adamw (beta2 by half-life)"
+    final = {r["point"]: r for r in rows(SMALL, "## Final heldout/loss")}
+    largest = {(r["point"], r["batch"]): r for r in rows(SMALL, "## Small batches: each point against its optimizer's")}
+    same = {(r["point"], r["batch"]): r for r in rows(SMALL, "## Small batches: against AdamW at the same batch")}
+    good = {(r["point"], r["batch"]): r for r in rows(SMALL, "## Small batches: the range of good lrs")}
+    wall = {(r["point"], r["batch"]): r for r in rows(SMALL, "## Small batches: wall time per token")}
+    grid = rows(SMALL, "## Every lr of the grid")
+    delta, vs_fixed, vs_half = "Δ, paired by seed [95%]", "Δ vs adamw, paired by seed [95%]", f"Δ vs {half}, paired by seed [95%]"
+    stable, half_life, rivals, merit, robust, accumulation = bullets
+    # 1. beta2 by half-life at every small batch, against AdamW with fixed betas at 512; nothing of the small end diverged.
+    means = [mean(final[half][f"batch {b}"]) for b in SMALL_BATCHES]
+    assert all(final[half][f"batch {b}"].endswith("n=3)") for b in SMALL_BATCHES)
+    assert {largest[half, b]["against"] for b in SMALL_BATCHES} == {"adamw, batch 512"}
+    cells = [largest[half, b][delta] for b in SMALL_BATCHES]
+    assert all(excludes_zero(cell) and interval(cell)[1] < 0 for cell in cells)
+    small_end = [r for r in grid if r["batch"] in SMALL_BATCHES and r["point"] not in ("adamw", "merit", "muon")]
+    assert small_end and all(r["seeds finished"].split(" of ")[0] == r["seeds finished"].split(" of ")[1]
+                             for r in small_end)
+    says(stable, f"{', '.join(means[:4])} and {means[4]} at batches 1, 2, 4, 8 and 32",
+         f"at batch 512 ({mean(final['adamw']['batch 512'])}) by {cells[0]} at batch 1 and {cells[4]} at 32",
+         "every interval excluding 0")
+    # 2. half-life against fixed betas where both ran.
+    assert not any(excludes_zero(same[half, b][vs_fixed]) for b in ("8", "32"))
+    says(half_life, f"{same[half, '8'][vs_fixed]} at batch 8 and {same[half, '32'][vs_fixed]} at 32")
+    # 3. Adafactor and SGD against AdamW (beta2 by half-life) at the same batch.
+    adafactor, sgd = ([same[point, b][vs_half] for b in SMALL_BATCHES] for point in ("adafactor", "sgd"))
+    assert not any(map(excludes_zero, adafactor)) and all(interval(c)[0] > 0 for c in sgd)
+    assert min(sgd, key=lambda c: float(mean(c))) == sgd[0]
+    says(rivals, f"Adafactor {', '.join(adafactor[:4])} and {adafactor[4]} at batches 1 to 32, every interval including 0",
+         f"SGD {', '.join(sgd[:4])} and {sgd[4]}, every interval excluding 0, its gap smallest at batch 1")
+    # 4. MERIT and Muon (beta2 by half-life) at the small end.
+    merit_cells = [same["merit (beta2 by half-life)", b][vs_half] for b in ("1", "4")]
+    muon_cell = same["muon (beta2 by half-life)", "4"][vs_half]
+    assert all(interval(c)[0] > 0 for c in merit_cells) and interval(muon_cell)[1] < 0
+    says(merit, f"{merit_cells[0]} at batch 1 and {merit_cells[1]} at 4", f"{muon_cell} at 4")
+    # 5. The range of good lrs: batch 1's width is no optimizer's widest.
+    width = "width, interpolated in log lr"
+    for point, name in ((half, "AdamW"), ("adafactor", "Adafactor"), ("sgd", "SGD")):
+        widths = [good[point, b][width] for b in SMALL_BATCHES]
+        assert any(float(w.removeprefix("≥ ")) > float(widths[0]) for w in widths[1:])
+        says(robust, f"{name}, {widths[0]} at batch 1 against " if name == "AdamW" else f"{name} {widths[0]} against ",
+             f"{widths[0]} {'at batch 1 ' if name == 'AdamW' else ''}against {', '.join(widths[1:4])} and {widths[4]}")
+    # 6. Accumulation: the study's wall time and losses, and bench_batch's table (docs/performance.md).
+    seconds = "seconds per million tokens (median)"
+    ratio = float(wall[half, "1"][seconds]) / float(wall[half, "32"][seconds])
+    table = first_table((ROOT / "docs" / "performance.md").read_text(), "**Small batches.**").splitlines()
+    assert [c.strip() for c in table[0].split("|")][1:7] == ["batch = micro-batch x accumulation", "AdamW us/token before",
+                                                             "after", "tokens/s after", "vs 64 before", "after"]
+    adamw_vs_64 = {cells[1]: cells[6] for cells in ([c.strip() for c in line.split("|")] for line in table[2:])}
+    says(accumulation, f"costs {ratio:.1f}x a batch-32 one", f"{wall[half, '1'][seconds]} s per million tokens at batch 1 "
+                       f"against {wall[half, '32'][seconds]} at 32", f"ends at {means[4]} at batch 32 against {means[0]}",
+         f"cost {adamw_vs_64['64 = 1 x 64']} a batch-64 token against {adamw_vs_64['1 = 1 x 1']} for 64 steps")
+    says(index_line("The batch axis"), f"by {cells[0]} at batch 1")
 
 
 def test_the_benchmark_findings():
