@@ -474,30 +474,3 @@ def test_seed_and_data_seed_vary_independently(tmp_path, monkeypatch):
     assert not torch.equal(weights, other_weights) and torch.equal(batch, same_batch)
     assert torch.equal(weights, same_weights) and not torch.equal(batch, other_batch)
 
-
-@pytest.mark.parametrize("when", ["off", "first", "late"])
-def test_flush_denormals_reaches_every_thread_when_set_first_and_says_so_when_not(when):
-    # 1e-20 * 1e-20 = 1e-40 is subnormal in float32: IEEE keeps it, flush-to-zero makes it 0. A fresh
-    # process with two threads, the flag set before any parallel op ("first", as train.py's start-up
-    # sets it) or after one ("late": the worker thread keeps IEEE floats, and a warning says so).
-    code = f"""
-import warnings, torch
-from training.distributed import flush_denormals
-torch.set_num_threads(2)
-if {when == "late"}:
-    (torch.ones(1 << 20) * 2).sum()
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    flush_denormals({when != "off"})
-print(int(torch.count_nonzero(torch.full((1 << 20,), 1e-20) * 1e-20)), len(caught))
-"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    survivors, warned = map(int, out.split())
-    assert (survivors, warned) == {"off": (1 << 20, 0), "first": (0, 0)}.get(when, (survivors, 1))
-    if when == "late":
-        assert 0 < survivors < 1 << 20  # the main thread's half flushed, the worker's not
-
-
-def test_a_run_with_flush_denormals_leaves_the_process_s_floats_ieee(byte_shards, tmp_path):
-    train_here(*args(byte_shards, tmp_path, "--max_steps=2", "--flush_denormals=True"))
-    assert float(torch.tensor(1e-20) * torch.tensor(1e-20)) > 0  # subnormal again after the run
