@@ -26,8 +26,9 @@ RUN = [*TINY_RUN, "--dropout=0.1", "--eval_interval=4", "--lr=0.01", "--min_lr=0
 
 def comparable(log):
     """A metrics log's records without the start-up line and what is measured, not computed: the
-    timing keys and the memory peak (the counted memory stays)."""
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    timing keys and the memory peak (the counted memory stays). Complete lines only: a log read
+    while a run writes it may end in part of a record (a long line leaves the file's buffer in pieces)."""
+    records = [json.loads(line) for line in log.read_text().split("\n")[:-1]]
     return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu", "memory/peak")} for r in records
             if "run_info" not in r]
 
