@@ -333,7 +333,9 @@ def main(argv=None) -> dict:
         parser.error("subnormal measures a checkpoint's model: give --checkpoint RUN/ckpt.pt")
     overrides = [f"--{item}" for item in args.set]
     import torch
-    print(f"{' '.join(args.measurements)}: config {args.config or DEFAULT_CONFIG} {' '.join(overrides)}; "
+    trained = [m for m in args.measurements if m != "subnormal"]  # (subnormal reads a checkpoint, no config)
+    print(f"{' '.join(args.measurements)}: " + (f"config {args.config or DEFAULT_CONFIG} {' '.join(overrides)}; "
+                                                 if trained else "") +
           f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     results = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,7 +176,7 @@ PRESETS = {
     "llama_cures": Preset(CURES, {}, Path("runs/mini_study_llama_cures"), (), {"model": "llama_nano", "n_embd": 128},
                           (64,), 1),
     # (flush_denormals: MERIT's batch-1 runs at lr 0.00795 and up let their attention logits run to 1e3-1e4, and
-    # their subnormal floats then made each step about 4.7x slower: scripts.bench_batch subnormal)
+    # their subnormal floats then made each step about 4.4x slower: scripts.bench_batch subnormal)
     "small_batch": Preset(SMALL_BATCH, {}, Path("runs/mini_study_small_batch"), BESIDE, {"flush_denormals": True},
                           SMALL_BATCHES, 3, micro_steps=1, only_at=SMALL_BATCH_ONLY_AT),
 }

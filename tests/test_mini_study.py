@@ -87,16 +87,22 @@ def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_re
     assert "| adamw_schedulefree, " in text and "| merit, " in text and "| muon, " in text
 
 
+def planned(preset: str, out, data_dir) -> dict[tuple[str, ...], dict]:
+    """``--preset PRESET --dry-run`` into ``out``: {(arm, batch, point): its config} of the points it
+    wrote, having trained nothing."""
+    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", f"--preset={preset}", "--dry-run",
+                             f"--out={out}", f"--data-dir={data_dir}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
+    return {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
+
+
 def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_small_llama(tmp_path):
     """--preset llama_cures, planned only (--dry-run): at batch 64, AdamW's grid and each cure's
     grid of the same three lrs, each point AdamW's but for its cure's keys, on llama_nano's shape."""
     out = tmp_path / "cures"
-    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=llama_cures", "--dry-run",
-                             f"--out={out}", f"--data-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
-    configs = {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
+    configs = planned("llama_cures", out, tmp_path)
     assert {(name, lr) for name, batch, lr in configs} == {
         *((name, lr) for name in ("adamw", "adamw_qknorm", "adamw_zloss", "adamw_qkclip", "adamw_softcap")
           for lr in ("lr0.001_s0", "lr0.003_s0", "lr0.009_s0")),
@@ -131,13 +137,8 @@ def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by
         return [float(f"{x:.3g}") for x in (lr / 3, lr, lr * 3)]
 
     out = tmp_path / "small"
-    result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", "--dry-run",
-                             f"--out={out}", f"--data-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
+    configs = planned("small_batch", out, tmp_path)
     assert not (out / "adamw").exists()  # (the paper preset's records are unpacked for the report only)
-    configs = {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
     batches = {name: sorted({int(batch[1:]) for n, batch, _ in configs if n == name}) for name, _, _ in configs}
     assert batches == {"adamw_halflife": [1, 2, 4, 8, 32], "sgd": [1, 2, 4, 8, 32], "adafactor": [1, 2, 4, 8, 32],
                        "merit_halflife": [1, 4], "muon_halflife": [4]}

@@ -32,10 +32,11 @@ class Distributed:
         return self.world_size > 1
 
 
-def setup(device: str = "auto", flush_subnormals: bool = False) -> Distributed:
+def setup(device: str = "auto", flush_denormals: bool = False) -> Distributed:
     """Read torchrun's environment (a plain `python train.py` is a world of one); with
-    ``flush_subnormals``, first compute the CPU's subnormal floats as zero (``flush_denormals``)."""
-    flush_denormals(flush_subnormals)
+    ``flush_denormals``, first compute the CPU's subnormal floats as zero."""
+    if flush_denormals:
+        enable_flush_denormals()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -49,19 +50,17 @@ def setup(device: str = "auto", flush_subnormals: bool = False) -> Distributed:
     if world_size > 1:
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", store=_restart_store(world_size),
                                 rank=rank, world_size=world_size, device_id=torch_device if device == "cuda" else None)
-    return Distributed(rank, local_rank, world_size, torch_device, flush_subnormals)
+    return Distributed(rank, local_rank, world_size, torch_device, flush_denormals)
 
 
-def flush_denormals(on: bool):
-    """Compute the CPU's subnormal floats as zero, on every thread of torch's pool (``flush_denormals``).
+def enable_flush_denormals():
+    """Compute the CPU's subnormal floats as zero, on every thread of torch's pool (config ``flush_denormals``).
 
     The mode is a register of each thread (MXCSR on x86), which torch's worker threads copy from
     the main thread when they start: set before the process computes anything in parallel (as
     train.py's start-up does), it reaches every thread; set later (a run started inside a process
     that has computed, e.g. a test), only the main thread, which a product of two small floats in
     parallel shows, and a warning says."""
-    if not on:
-        return
     if not torch.set_flush_denormal(True):
         raise ValueError("flush_denormals=True: this CPU has no flush-to-zero mode (x86 with SSE3, or ARM); "
                          "leave flush_denormals at False")
