@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
+import kernels
+
 # Presets only fix the shape (n_layer, n_head, n_embd; for Llama its architecture and MLP width);
 # every other field keeps its default unless overridden. The small ones are for CPU runs and tests.
 # Comments: parameters in the transformer blocks (total at vocab 50304, block_size 1024, no biases;
@@ -365,13 +367,24 @@ def capped_attention(q, k, v, attn_mask, scale, cap, dropout):
     return (F.dropout(weights, dropout) if dropout else weights) @ v
 
 
+class TanhGELU(nn.Module):
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): on contiguous float32 CPU
+    tensors kernels/csrc/gelu.cpp's (about 4x faster than torch's there, within 1e-6 relative of
+    the function), elsewhere torch's."""
+
+    def forward(self, x):
+        if kernels.gelu_tanh_takes(x):
+            return kernels.gelu_tanh(x)
+        return F.gelu(x, approximate="tanh")
+
+
 class MLP(nn.Module):
     """GPT-2's MLP: c_proj(gelu(c_fc(x)))."""
 
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.intermediate_size, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 was trained with the tanh approximation
+        self.gelu = TanhGELU()  # GPT-2 was trained with the tanh approximation
         self.c_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+import kernels
 import optim
 from configs import load_config
 from helpers import require_backend
 from optim import LAMB, MERIT, param_groups
-from optim.backends import cpp
 from training.run_config import resolve_config
 
 STEPS = 20
@@ -471,7 +471,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
         raise RuntimeError("long build log\n...\nError building extension 'nanomerit'")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    cpp._build.cache_clear()
+    kernels.build.cache_clear()
     optim.backends.common.warn_once.cache_clear()
     try:
         p = nn.Parameter(torch.ones(3, 4))
@@ -484,7 +484,7 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch):
         with pytest.raises(RuntimeError, match="could not be built.*use optim_backend='auto' or 'torch'"):
             MERIT([p], lr=0.1, backend="cpp")
     finally:
-        cpp._build.cache_clear()  # later tests build (load) the kernels again
+        kernels.build.cache_clear()  # later tests build (load) the kernels again
         optim.backends.common.warn_once.cache_clear()
 
 

@@ -1,34 +1,26 @@
-"""The fused operations as C++/OpenMP kernels for CPU tensors (``csrc/``).
+"""The fused operations as C++/OpenMP kernels for CPU tensors (kernels/csrc/).
 
-One extension holds them all: the two passes of the trust-ratio optimizers
-(``csrc/trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``csrc/sign.cpp``) and those
-of AdEMAMix and Schedule-Free AdamW, with MARS's correction (``csrc/adam_family.cpp``);
-``csrc/common.h`` is what they share.
-``load`` builds it with ``torch.utils.cpp_extension.load`` into torch's extensions directory
-(``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) the first time, and loads it
-from there afterwards; torch's build lock there makes concurrent ranks wait for one build. It is
+The project's one extension (kernels/) holds them: the two passes of the trust-ratio optimizers
+(``trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``sign.cpp``) and those of
+AdEMAMix and Schedule-Free AdamW, with MARS's correction (``adam_family.cpp``).
+``load`` builds it (or loads it from torch's extensions directory, where the first build put it). It is
 called by ``optim.backends.prepare`` when an optimizer is created, never as a side effect of a
 step. The kernels compute what optim/backends/reference.py computes (up to rounding: float32
 sums in another order), in float32 (float64 for float64 tensors). A ``skip`` flag is read on the
 host (it is a CPU tensor like theirs: no device to wait for) and skips the kernel (MARS's
 correction, whose c AdamW's own flag then drops, runs but keeps g_prev).
 """
-import functools
 import math
-import os
-import shutil
-import sys
-import time
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+import kernels
 
 from . import common, reference
 
 NAME = "cpp"
 TAKES = "contiguous CPU tensors of one dtype: float32, bfloat16 or float64"
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("trust_ratio.cpp", "sign.cpp", "adam_family.cpp")]
 
 
 def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
@@ -38,57 +30,21 @@ def takes(tensors: list[Tensor], *, matrix: bool = False) -> bool:
 
 def ready() -> bool:
     """Whether ``load`` has built and loaded the kernels in this process."""
-    return _build.cache_info().currsize > 0 and _build() is None
+    return kernels.ready()
 
 
 def load(required: bool) -> bool:
     """Build (or reuse) and load the kernels, once per process, with a line on stderr saying so.
     A failure raises if ``required``, else is one warning and False (the reference runs)."""
-    error = _build()
+    error = kernels.build()
     if error is None:
         return True
-    last_lines = " | ".join(str(error).strip().splitlines()[-3:])  # not the whole build log
-    message = f"optim: the C++ optimizer kernels could not be built ({type(error).__name__}: {last_lines})"
+    message = f"optim: {kernels.failure(error)}"
     if required:
         raise RuntimeError(f"{message}: install a C++ compiler and ninja, or use optim_backend='auto' "
                            f"or 'torch'") from error
     common.warn_once(f"{message}; the optimizers use their torch reference on CPU tensors")
     return False
-
-
-@functools.cache
-def _build() -> Exception | None:
-    from torch.utils import cpp_extension
-    # One build per instruction set, with the flags of the kernels torch itself picked for this CPU,
-    # so a shared cache never hands a machine code it cannot run.
-    isa = torch.backends.cpu.get_cpu_capability()
-    flags = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
-             "AVX2": ["-mavx2", "-mfma"]}.get(isa, [])
-    name = f"nanomerit_kernels_{isa.lower()}"
-    start = time.perf_counter()
-    try:
-        _put_pip_ninja_on_path()
-        # -ffp-contract=off: no fused multiply-adds, so an element's result does not depend on
-        # whether it falls in a vectorised loop body or in its scalar peel or tail, which move with
-        # the tensor's address and length: a row shard (FSDP2) steps bitwise like the whole tensor.
-        cpp_extension.load(name, [str(s) for s in _SOURCES], is_python_module=False,
-                           extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", *flags],
-                           extra_ldflags=["-fopenmp"])
-    except Exception as error:  # no compiler, no ninja, a read-only cache, ...
-        return error
-    print(f"optim: C++ kernels {name} built or loaded in {time.perf_counter() - start:.1f} s",
-          file=sys.stderr, flush=True)
-    return None
-
-
-def _put_pip_ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH; the pip package installs it next to the interpreter."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def moments_and_ratios(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, beta1: float, beta2: float,

@@ -1,6 +1,6 @@
 """The optimizers' Triton kernels: their fused CUDA path (optim/backends/triton.py launches them).
 
-They compute what the C++ kernels of ``csrc/`` compute, with the same roundings, so the torch
+They compute what the C++ kernels of kernels/csrc/ compute, with the same roundings, so the torch
 reference (optim/backends/reference.py) is the reference for both: MERIT's and LAMB's two passes with a
 small kernel between them that turns the reduced norms into trust ratios, the one-sweep steps
 of Lion, Sophia-G, AdEMAMix and Schedule-Free AdamW, and MARS's correction of the gradient.

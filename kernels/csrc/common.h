@@ -1,5 +1,5 @@
 // What the kernels of this directory share: element storage and conversion, lerp as torch
-// computes it, and the parallel grain. optim/backends/cpp.py builds them into one extension.
+// computes it, and the parallel grain. kernels/__init__.py builds them into one extension.
 #pragma once
 
 #include <c10/util/BFloat16.h>

@@ -1,5 +1,5 @@
 // The two memory-bound passes of the trust-ratio optimizers (MERIT, LAMB) on CPU tensors.
-// optim/backends/__init__.py documents the semantics (optim/backends/cpp.py builds the extension);
+// optim/backends/__init__.py documents the semantics (kernels/__init__.py builds the extension);
 // optim/backends/reference.py is the torch reference these kernels are tested against.
 //
 // Pass 1 reads p, g, m, v once and writes m, v and u (into g's storage) while reducing |p| and
