@@ -20,7 +20,7 @@ steady-state step (nanoGPT's printed per-iteration times, ours the logged tokens
 ``--profile`` instead shows where each side's time goes: one process builds our Trainer of the
 same settings and nanoGPT's ``GPT`` (imported from the checkout's ``model.py``, with its own
 ``configure_optimizers``), runs 3 warm-up iterations of each, then profiles ``--steps``
-iterations of one side and then of the other with ``torch.profiler`` (ours: the loop's
+iterations of each with ``torch.profiler``, the sides taking turns an iteration at a time (ours: the loop's
 ``train_step`` and ``after_step``; nanoGPT's: forward, backward, gradient clipping, optimizer step,
 ``zero_grad``, as its train.py iterates), and prints the operators that take the most time, in ms
 per iteration for each side.
@@ -28,6 +28,7 @@ per iteration for each side.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import pickle
@@ -128,13 +129,16 @@ def profile_iterations(args) -> None:
             for _ in range(3):
                 for iteration in sides.values():
                     iteration()
-            self_ms = {}
-            for name, iteration in sides.items():
-                with profile() as prof:
-                    for _ in range(args.steps):
+            # The sides take turns, one profiled iteration each: a shared machine's speed drifts by
+            # tens of percent over seconds, which blocks of one side and then the other would charge
+            # to whichever ran in the slow stretch.
+            self_ms = {name: collections.Counter() for name in sides}
+            for _ in range(args.steps):
+                for name, iteration in sides.items():
+                    with profile() as prof:
                         iteration()
-                self_ms[name] = {event.key: event.self_cpu_time_total / 1e3 / args.steps
-                                 for event in prof.key_averages()}
+                    self_ms[name].update({event.key: event.self_cpu_time_total / 1e3 / args.steps
+                                          for event in prof.key_averages()})
         finally:
             trainer.close()
     totals = {name: sum(ms.values()) for name, ms in self_ms.items()}
