@@ -100,7 +100,7 @@ def _build_gelu_kernel() -> bool:
 
 @functools.cache
 def _warn_gelu_fallback(why: str) -> None:
-    warnings.warn(f"model: {why}; the MLP uses torch's tanh GELU (the same function, about 4x slower "
+    warnings.warn(f"model: {why}; the MLP uses torch's tanh GELU (the same function, about 3x slower "
                   f"on a CPU)", RuntimeWarning, stacklevel=4)
 
 

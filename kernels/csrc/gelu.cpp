@@ -1,14 +1,14 @@
 // GPT-2's tanh GELU, forward and backward, for contiguous float32 CPU tensors (model.py's MLP).
 //
-// torch's own CPU kernel evaluates tanh with SLEEF's vectorised tanhf, which costs about five
-// times torch.tanh (MKL's) on the project's CPUs: the activation took 2.1 ms forward and 2.2 ms
-// backward over the default job's 4096 x 512 activations, against 0.42 / 1.05 ms for the exact
-// (erf) GELU. The same function through the identity 0.5 * (1 + tanh(u)) = sigmoid(2u), with one
-// vectorised exp, costs about what the exact GELU costs (docs/performance.md, "GELU"):
+// torch's own CPU kernel evaluates SLEEF's vectorised tanhf, about five times torch.tanh (MKL's):
+// over the default job's 4096 x 512 activations it took 2.13 ms forward and 2.25 ms backward,
+// against 0.40 / 0.78 ms for the exact (erf) GELU, on the project's Intel CPU. The same function
+// through the identity 0.5 (1 + tanh(u)) = sigmoid(2u), with one vectorised exp, takes 0.62 /
+// 0.80 ms (docs/performance.md, "GELU on a CPU"):
 //   gelu(x)  = x s = x / (1 + e),   e = exp(-2u),  u = sqrt(2/pi) (x + 0.044715 x^3),  s = 1 / (1 + e)
 //   gelu'(x) = s (1 + 2 x (1 - s) du/dx),  1 - s = e s,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-// Its error against the float64 function is within 1e-6 relative of the output's scale (tests/
-// test_gelu.py); an element's result does not depend on its place in the tensor (a ragged tail
+// It is within a few float32 roundings of the function computed in float64 (tests/test_gelu.py);
+// an element's result does not depend on its place in the tensor (a ragged tail
 // goes through the same vector code with a partial load), so a sequence computes the same
 // activations wherever it sits in a batch.
 #include <ATen/Parallel.h>
