@@ -69,7 +69,7 @@ class Trainer:
         block = self.model_config.block_size
         schedule = BatchSchedule.of(config, block)
         self.model = GPT(self.model_config).to(self.device)
-        self.layout.shard(self.model, self.dtype)  # FSDP2: in place, before the optimizer sees the parameters
+        self.layout.shard_model(self.model, self.dtype)  # FSDP2: in place, before the optimizer sees the parameters
         self.optimizer = run.build_optimizer(
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
             batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],

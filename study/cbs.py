@@ -225,7 +225,7 @@ def write(branches: list[Branch], run_dir: Path, command: str) -> None:
                 checkpoint.model_args["block_size"]
             checkpoint.train_loader = {**checkpoint.train_loader,
                                        "position": checkpoint.train_loader["position"] + offset}
-            save_in(branch.folder, checkpoint, keep=1)
+            save_in(branch.folder, checkpoint)
         lines = [f"# Branch {branch.name} of {run_dir}: batch {branch.config.batch_size} = {branch.multiplier:g} x "
                  f"{branch.parent_batch}, from the parent's checkpoint at step {branch.step}.",
                  f"# Written by: {command}", ""]

@@ -232,7 +232,7 @@ def build(name, options, ctx, mode, family="gpt2", extra=None) -> Loop:
     import optim
     from model import GPT, GPTConfig
     from training.distributed import Distributed
-    from training.parallel import Layout
+    from training.parallel import DataParallel, FullyShardedDataParallel
     from training.qk_clip import QKClip
     caps = {key: value for key, value in (extra or {}).items() if key != "qk_clip_tau"}
     torch.manual_seed(0)
@@ -241,9 +241,9 @@ def build(name, options, ctx, mode, family="gpt2", extra=None) -> Loop:
     if mode in ("ddp", "fsdp"):
         weight = float(ctx.world_size) if ctx.is_main else 0.0
     if mode == "fsdp":
-        Layout("fsdp", ctx).shard(model, torch.float32)
+        FullyShardedDataParallel(ctx).shard_model(model, torch.float32)
     if mode == "ddp":
-        train_model = Layout("ddp", ctx).wrap(model)
+        train_model = DataParallel(ctx).wrap(model)
     hyper = {"lr": 3e-3, "weight_decay": 0.0 if name == "adafactor" else 0.1}  # (Adafactor refuses a decay)
     optimizer = optim.build(name, model, **hyper, **options, batch_tokens=32, run_steps=STEPS,
                             zero_redundancy=mode == "zero1")
@@ -380,7 +380,7 @@ def save(ctx, folder):
         checkpoint = Checkpoint(model={}, model_args=SHAPES, optimizer={}, scaler={}, step=SAVE_AT, tokens=0, rng=[],
                                 train_loader={}, config={}) if ctx.is_main else None
         (folder / name).mkdir(exist_ok=True)  # (the run folder, which the trainer makes)
-        save_sharded_in(folder / name, checkpoint, model, optimizer, SAVE_AT, keep=2)
+        save_sharded_in(folder / name, checkpoint, model, optimizer, SAVE_AT)
         train(loop, SAVE_AT, STEPS)
         result = full(model)
         # Row shards (DTensors, as their parameters) or whole on every rank (plain tensors), besides the counters.

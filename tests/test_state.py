@@ -93,7 +93,7 @@ def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
     layout = Layout.of(zero_stage=0, fsdp=False, ctx=ONE_PROCESS)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    layout.save(state, run_dir, keep=1)
+    layout.save(state, run_dir)
     expected_batch = state.pieces["train_loader"].next_batch()[0]
     expected_noise = torch.rand(4)  # the RNG continues from the save
 

@@ -20,8 +20,8 @@ Two layouts, one format:
 
 In a run folder (``save_in``, ``sharded_checkpoint.save_sharded_in``, ``load_latest``)
 ``ckpt.pt``, a link to the newest checkpoint, is the latest pointer, switched atomically once the
-new one is complete; then all but the newest ``keep`` and every ``permanent_interval``-th are
-removed. Readers that take ``RUN/ckpt.pt`` get the newest.
+new one is complete; then ``prune`` (the checkpointer's, after each save) removes all but the
+newest ``keep`` and every ``permanent_interval``-th. Readers that take ``RUN/ckpt.pt`` get the newest.
 """
 
 from __future__ import annotations
@@ -213,19 +213,24 @@ def numbered(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(NUMBERED.fullmatch(p.name).group(1)))
 
 
-def save_in(run_dir: Path, checkpoint: Checkpoint, keep: int, permanent_interval: int = 0) -> Path:
-    """Write ``checkpoint`` as run_dir/ckpt_<step>.pt, point ckpt.pt at it, prune the old ones."""
+def save_in(run_dir: Path, checkpoint: Checkpoint) -> Path:
+    """Write ``checkpoint`` as run_dir/ckpt_<step>.pt and point ckpt.pt at it."""
     path = run_dir / f"ckpt_{checkpoint.step:08d}.pt"
     checkpoint.save(path)
-    make_latest(run_dir, path, keep, permanent_interval)
+    make_latest(run_dir, path)
     return path
 
 
-def make_latest(run_dir: Path, path: Path, keep: int, permanent_interval: int) -> None:
-    """Point ckpt.pt at the complete checkpoint ``path``, then remove the old ones."""
+def make_latest(run_dir: Path, path: Path) -> None:
+    """Point ckpt.pt at the complete checkpoint ``path``."""
     link = run_dir / f".{CHECKPOINT_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     os.symlink(path.name, link)
     os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete checkpoint
+
+
+def prune(run_dir: Path, keep: int, permanent_interval: int = 0) -> None:
+    """Remove all but the newest ``keep`` numbered checkpoints (and every ``permanent_interval``-th);
+    after a save, so ckpt.pt names the newest, which stays."""
     for old in numbered(run_dir)[:-keep]:
         step = int(NUMBERED.fullmatch(old.name).group(1))
         if not (permanent_interval and step % permanent_interval == 0):

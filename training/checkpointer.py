@@ -2,17 +2,17 @@
 resume loads, and the steps this invocation wrote.
 
 The layout (training/parallel.py) writes and reads the state (the whole of it on rank 0, or each
-rank's shards) and prunes the folder to the newest ``keep_checkpoints`` and every
-``permanent_checkpoint_interval``-th; the checkpointer decides when (``due``: the run's last step,
-a stop, every ``checkpoint_interval`` steps) and writes only while the run still holds its folder
-(run_folder.lock: a run whose folder was taken over writes nothing more).
+rank's shards); the checkpointer decides when (``due``: the run's last step, a stop, every
+``checkpoint_interval`` steps), prunes the folder after each save to the newest
+``keep_checkpoints`` and every ``permanent_checkpoint_interval``-th, and writes only while the run
+still holds its folder (run_folder.lock: a run whose folder was taken over writes nothing more).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from configs import TrainConfig
-from training.checkpoint import Checkpoint, load_latest
+from training.checkpoint import Checkpoint, load_latest, prune
 from training.parallel import Layout
 from training.state import RunState
 
@@ -31,7 +31,9 @@ class Checkpointer:
     def save(self, state: RunState) -> None:
         """``state`` as the run folder's newest checkpoint, the folder pruned; every rank calls it."""
         self.lock.check()
-        self.layout.save(state, self.run_dir, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
+        self.layout.save(state, self.run_dir)
+        if self.layout.ctx.is_main:
+            prune(self.run_dir, self.config.keep_checkpoints, self.config.permanent_checkpoint_interval)
         self.steps.append(state.step)
 
     def latest(self) -> tuple[Checkpoint, Path]:

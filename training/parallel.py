@@ -9,24 +9,25 @@ zero1      replicated; DDP all-reduces     sharded by whole parameters (optim/ze
 fsdp       sharded by rows (FSDP2)         sharded by rows, like its parameter (optim/sharding.py)
 =========  ==============================  =================================================
 
-``Layout`` is the one place that knows which: the training loop asks it to wrap the model, to
-reduce gradients on the last accumulation micro-step only, to gather a plain model for the work
-that does not run on every rank in step (the probe, samples, zero-shot evaluation), and to save
-and load the run's state (training/state.py) as its checkpoint: inline (one process, DDP), the
-ZeRO-1 state consolidated on rank 0 into the inline format, or every rank's shards with DCP
-(FSDP2; training/checkpoint.py). The loop otherwise reads like a single-process loop. The tools
-that read a checkpoint's model (the evaluator, the lm-eval adapter, the HF export, the Hessian
-script) do so with ``load_model``, which tells the two checkpoint layouts apart as ``Layout.load``
-does; training/sharded_checkpoint.py, and with it DCP, is imported only where one is sharded.
+``Layout`` and its subclasses, one a strategy, are the one place that knows which: the training loop
+asks it to wrap the model, to reduce gradients on the last accumulation micro-step only, to gather a
+plain model for the work that does not run on every rank in step (the probe, samples, zero-shot
+evaluation), and to save and load the run's state (training/state.py) as its checkpoint: inline (one
+process, DDP), the ZeRO-1 state consolidated on rank 0 into the inline format, or every rank's
+shards with DCP (FSDP2; training/checkpoint.py). The loop otherwise reads like a single-process
+loop. The tools that read a checkpoint's model (the evaluator, the lm-eval adapter, the HF export,
+the Hessian script) do so with ``load_model``, which tells the two checkpoint layouts apart as
+``Layout.load`` does; training/sharded_checkpoint.py, and with it DCP, is imported only where one is
+sharded.
 """
 from __future__ import annotations
 
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -38,14 +39,30 @@ from training.distributed import Distributed
 from training.state import RunState
 
 
-@dataclass(frozen=True)
 class Layout:
-    strategy: str  # "single", "ddp", "zero1" or "fsdp"
-    ctx: Distributed
+    """One process: nothing replicated, nothing sharded. The base of the strategies below, each a
+    subclass that overrides what it does otherwise.
+
+    A layout spans two groups of ranks, as torchtitan's ``ParallelDims`` names them: ``replicate``,
+    the ranks that hold whole copies of the parameters and average their gradients (DDP), and
+    ``shard``, the ranks that split the parameters (FSDP2) or the optimizer state (ZeRO-1, FSDP2)
+    between them. Within one torchrun job each is every rank or none (None: a group of one)."""
+
+    strategy = "single"
+    replicate: dist.ProcessGroup | None = None
+    shard: dist.ProcessGroup | None = None
+    shards_parameters = False
+    zero_redundancy = False  # whether the optimizer is wrapped in ZeRO-1 (``optim.build(..., zero_redundancy=)``)
+
+    def __init__(self, ctx: Distributed):
+        self.ctx = ctx
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(ranks={self.ctx.world_size})"
 
     @staticmethod
     def of(zero_stage: int, fsdp: bool, ctx: Distributed) -> Layout:
-        """The strategy a config asks for on ``ctx``'s ranks (one process: "single" whatever it asks,
+        """The layout a config asks for on ``ctx``'s ranks (one process: ``Layout`` whatever it asks,
         with a warning that it shards nothing)."""
         if not ctx.enabled:
             if zero_stage or fsdp:
@@ -53,17 +70,8 @@ class Layout:
                 warnings.warn(f"{asked} on one process shards nothing: this run is unsharded, and so is its "
                               f"checkpoint (resume it without {asked.split('=')[0]}, or launch with torchrun "
                               f"--nproc_per_node=N to shard)")
-            return Layout("single", ctx)
-        return Layout("fsdp" if fsdp else "zero1" if zero_stage == 1 else "ddp", ctx)
-
-    @property
-    def shards_parameters(self) -> bool:
-        return self.strategy == "fsdp"
-
-    @property
-    def zero_redundancy(self) -> bool:
-        """Whether the optimizer is wrapped in ZeRO-1 (``optim.build(..., zero_redundancy=)``)."""
-        return self.strategy == "zero1"
+            return Layout(ctx)
+        return (FullyShardedDataParallel if fsdp else ZeRO1 if zero_stage == 1 else DataParallel)(ctx)
 
     @property
     def holds_whole_gradients(self) -> bool:
@@ -73,52 +81,152 @@ class Layout:
     @property
     def gradient_copies(self) -> int:
         """Copies of the gradients a rank holds: DDP's buckets are a second one."""
-        return 2 if self.strategy in ("ddp", "zero1") else 1
+        return 1
 
     def measures_optimizer(self) -> bool:
         """Whether this rank measures the optimizer's diagnostics and the update statistics at a log
         step: the main rank of a replicated state; with a sharded one every rank, for its share."""
-        return self.ctx.is_main or self.strategy in ("zero1", "fsdp")
+        return self.ctx.is_main or self.shard is not None
 
-    def shard(self, model: GPT, param_dtype: torch.dtype) -> None:
-        """FSDP2: shard every transformer block and then the rest (embeddings, final norm, the tied
-        LM head) in place, before the optimizer sees the parameters. ``param_dtype`` other than
-        float32: FSDP2's mixed precision (parameters gathered and computed in it, gradients
-        reduced and master weights kept in float32)."""
-        if not self.shards_parameters:
-            return
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        policy = MixedPrecisionPolicy(param_dtype=None if param_dtype == torch.float32 else param_dtype,
-                                      reduce_dtype=torch.float32)
-        for block in model.transformer.h:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+    def shard_model(self, model: GPT, param_dtype: torch.dtype) -> None:
+        """Split the model's parameters over ``shard`` in place, before the optimizer sees them."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """The module the training steps run: DDP around it for ddp and zero1; FSDP2's sharded
-        model runs as it is."""
-        if self.strategy in ("ddp", "zero1"):
-            device = self.ctx.device
-            return DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None)
+        """The module the training steps run."""
         return model
 
     def gradient_sync(self, train_model: nn.Module, sync: bool):
         """The context of one accumulation micro-step: gradients reduced across the ranks only when
-        ``sync`` (the last micro-step); DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``."""
-        if self.strategy in ("ddp", "zero1") and not sync:
-            return train_model.no_sync()
-        if self.shards_parameters:
-            train_model.set_requires_gradient_sync(sync)
+        ``sync`` (the last micro-step)."""
         return nullcontext()
 
     def plain_model(self, model: GPT, on_every_rank: bool = False) -> GPT | None:
         """A plain (unsharded) GPT with ``model``'s weights, for work that does not run on every
-        rank in step (the probe, samples, zero-shot evaluation): ``model`` itself unless FSDP2
-        shards it; then a copy on rank 0, or on every rank with ``on_every_rank`` (None on the
-        others), filled one gathered parameter at a time (a collective: every rank calls it), so
-        it costs one model and one parameter beyond the shards."""
-        if not self.shards_parameters:
-            return model
+        rank in step (the probe, samples, zero-shot evaluation): ``model`` itself unless it is sharded."""
+        return model
+
+    def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """The whole of ``t`` (a sharded DTensor gathered: every rank calls it)."""
+        return t
+
+    def all_finite(self, tensors) -> bool:
+        """Whether every element of ``tensors`` on every rank is finite (one host sync)."""
+        return bool(self._finite(tensors))
+
+    @staticmethod
+    def _finite(tensors) -> torch.Tensor:
+        return torch.stack([torch.isfinite(local(t)).all() for t in tensors]).all()
+
+    # --- checkpoints ---
+    def save(self, state: RunState, run_dir) -> None:
+        """Write ``state`` as run_dir's newest checkpoint (ckpt.pt names it once it is whole); every
+        rank calls it. Here: the whole state, by rank 0."""
+        fields = state.state_dict()  # (collectives: every rank's RNG states and loss sums)
+        optimizer = self._optimizer_state(state.optimizer)
+        if self.ctx.is_main:
+            save_in(run_dir, Checkpoint(model=state.model.state_dict(), optimizer=optimizer, **fields))
+        distributed.barrier(self.ctx)
+
+    def _optimizer_state(self, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load(self, state: RunState, checkpoint: Checkpoint, path) -> None:
+        """Continue ``state`` from ``checkpoint`` (read from ``path``); every rank calls it. A
+        sharded checkpoint reshards (FSDP2 on any number of ranks, DDP or one process); a whole-model
+        file loads anywhere but under FSDP2 (ZeRO-1 keeps its partition's share of the state)."""
+        self._check_loads(checkpoint, path)
+        # The optimizer's state is the checkpoint's, its hyper-parameters this run's: the same values
+        # but where the config changed one on resume (allow_changes), which so applies. (Group keys
+        # that are state, GROUP_STATE, such as Schedule-Free's step count, stay the checkpoint's.)
+        settings = [{key: value for key, value in group.items()
+                     if key != "params" and key not in state.optimizer.GROUP_STATE}
+                    for group in state.optimizer.param_groups]
+        _load_tensors(checkpoint, path, state.model, state.optimizer)
+        for group, own in zip(state.optimizer.param_groups, settings, strict=True):
+            group.update(own)
+        state.load_state_dict(checkpoint)
+
+    def _check_loads(self, checkpoint: Checkpoint, path) -> None:
+        """Refuse a checkpoint this layout cannot continue, saying how to."""
+
+
+class DataParallel(Layout):
+    """``ddp``: parameters, gradients and optimizer state replicated on every rank; DDP all-reduces
+    the gradients over ``replicate``."""
+
+    strategy = "ddp"
+
+    def __init__(self, ctx: Distributed):
+        super().__init__(ctx)
+        self.replicate = dist.group.WORLD
+
+    @property
+    def gradient_copies(self) -> int:
+        return 2
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        device = self.ctx.device
+        return DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None,
+                   process_group=self.replicate)
+
+    def gradient_sync(self, train_model: nn.Module, sync: bool):
+        return nullcontext() if sync else train_model.no_sync()  # DDP's
+
+
+class ZeRO1(DataParallel):
+    """``zero1``: DDP's replicated parameters and gradients, the optimizer state split over
+    ``shard`` (every rank) by whole parameters (optim/zero.py); its checkpoint consolidates the
+    state on rank 0 into the plain optimizer's format."""
+
+    strategy = "zero1"
+    zero_redundancy = True
+
+    def __init__(self, ctx: Distributed):
+        super().__init__(ctx)
+        self.shard = dist.group.WORLD
+
+    def _optimizer_state(self, optimizer) -> dict:
+        return optimizer.consolidated_state_dict()  # (a collective)
+
+    def _check_loads(self, checkpoint: Checkpoint, path) -> None:
+        if checkpoint.tensors == "dcp":
+            raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
+                             f"fsdp=True, or with zero_stage=0")
+
+
+class FullyShardedDataParallel(Layout):
+    """``fsdp``: parameters, gradients and optimizer state split by rows over ``shard`` (FSDP2;
+    optim/sharding.py completes the trust ratios across it); every rank writes its shards of the
+    checkpoint with DCP (training/sharded_checkpoint.py)."""
+
+    strategy = "fsdp"
+    shards_parameters = True
+
+    def __init__(self, ctx: Distributed):
+        super().__init__(ctx)
+        self.shard = dist.group.WORLD
+
+    def shard_model(self, model: GPT, param_dtype: torch.dtype) -> None:
+        """Every transformer block and then the rest (embeddings, final norm, the tied LM head).
+        ``param_dtype`` other than float32: FSDP2's mixed precision (parameters gathered and
+        computed in it, gradients reduced and master weights kept in float32)."""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        policy = MixedPrecisionPolicy(param_dtype=None if param_dtype == torch.float32 else param_dtype,
+                                      reduce_dtype=torch.float32)
+        mesh = DeviceMesh.from_group(self.shard, self.ctx.device.type)
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+
+    def gradient_sync(self, train_model: nn.Module, sync: bool):
+        train_model.set_requires_gradient_sync(sync)  # FSDP2's
+        return nullcontext()
+
+    def plain_model(self, model: GPT, on_every_rank: bool = False) -> GPT | None:
+        """A copy on rank 0, or on every rank with ``on_every_rank`` (None on the others), filled
+        one gathered parameter at a time (a collective: every rank calls it), so it costs one
+        model and one parameter beyond the shards."""
         copy = GPT(model.config).to(self.ctx.device) if on_every_rank or self.ctx.is_main else None
         sharded_params = list(model.parameters())
         # (The same class: the same parameters in the same order, the tied embedding once.)
@@ -131,55 +239,25 @@ class Layout:
         return None if copy is None else copy.train(model.training)
 
     def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """The whole of ``t`` (a sharded DTensor gathered: every rank calls it)."""
-        return t.full_tensor() if self.shards_parameters and hasattr(t, "full_tensor") else t
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
 
     def all_finite(self, tensors) -> bool:
-        """Whether every element of ``tensors`` on every rank is finite (one host sync)."""
-        finite = torch.stack([torch.isfinite(local(t)).all() for t in tensors]).all()
-        if self.shards_parameters:
-            finite = finite.to(torch.int32)
-            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        finite = self._finite(tensors).to(torch.int32)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.shard)
         return bool(finite)
 
-    # --- checkpoints ---
-    def save(self, state: RunState, run_dir, keep: int, permanent_interval: int = 0) -> None:
-        """Write ``state`` as run_dir's newest checkpoint, then prune to the newest ``keep`` (and
-        every ``permanent_interval``-th); every rank calls it."""
-        fields = state.state_dict()  # (collectives: every rank's RNG states and loss sums)
-        main = self.ctx.is_main
-        if self.shards_parameters:  # every rank writes its shards
-            from training.sharded_checkpoint import save_sharded_in  # (DCP: imported by the runs that use it)
-            checkpoint = Checkpoint(model={}, optimizer={}, **fields) if main else None
-            save_sharded_in(run_dir, checkpoint, state.model, state.optimizer, state.step, keep, permanent_interval)
-        else:  # ZeRO-1: the ranks' state consolidated on rank 0, in the plain optimizer's format
-            optimizer = (state.optimizer.consolidated_state_dict() if self.zero_redundancy
-                         else state.optimizer.state_dict())
-            if main:
-                save_in(run_dir, Checkpoint(model=state.model.state_dict(), optimizer=optimizer, **fields), keep,
-                        permanent_interval)
+    def save(self, state: RunState, run_dir) -> None:
+        """Every rank writes its shards (DCP), rank 0 the rest of the state."""
+        from training.sharded_checkpoint import save_sharded_in  # (DCP: imported by the runs that use it)
+        fields = state.state_dict()  # (collectives)
+        checkpoint = Checkpoint(model={}, optimizer={}, **fields) if self.ctx.is_main else None
+        save_sharded_in(run_dir, checkpoint, state.model, state.optimizer, state.step)
         distributed.barrier(self.ctx)
 
-    def load(self, state: RunState, checkpoint: Checkpoint, path) -> None:
-        """Continue ``state`` from ``checkpoint`` (read from ``path``); every rank calls it. A
-        sharded checkpoint reshards (FSDP2 on any number of ranks, DDP or one process); a whole-model
-        file loads anywhere but under FSDP2 (ZeRO-1 keeps its partition's share of the state)."""
-        if checkpoint.tensors == "dcp" and self.zero_redundancy:
-            raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
-                             f"fsdp=True, or with zero_stage=0")
-        if checkpoint.tensors != "dcp" and self.shards_parameters:
+    def _check_loads(self, checkpoint: Checkpoint, path) -> None:
+        if checkpoint.tensors != "dcp":
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
                              f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
-        # The optimizer's state is the checkpoint's, its hyper-parameters this run's: the same values
-        # but where the config changed one on resume (allow_changes), which so applies. (Group keys
-        # that are state, GROUP_STATE, such as Schedule-Free's step count, stay the checkpoint's.)
-        settings = [{key: value for key, value in group.items()
-                     if key != "params" and key not in state.optimizer.GROUP_STATE}
-                    for group in state.optimizer.param_groups]
-        _load_tensors(checkpoint, path, state.model, state.optimizer)
-        for group, own in zip(state.optimizer.param_groups, settings, strict=True):
-            group.update(own)
-        state.load_state_dict(checkpoint)
 
 
 def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:

@@ -33,10 +33,10 @@ from training.checkpoint import SHARDED_CHECKPOINT, Checkpoint, make_latest
 
 
 def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, step: int, keep: int, permanent_interval: int = 0) -> Path:
+                    optimizer: torch.optim.Optimizer, step: int) -> Path:
     """Every rank: write this rank's shards of ``model`` and ``optimizer`` (FSDP2) into
     run_dir/ckpt_<step>.dcp/ with DCP; rank 0, which passes ``checkpoint`` (None elsewhere),
-    adds the checkpoint, publishes the folder, points ckpt.pt at it and prunes the old ones."""
+    adds the checkpoint, publishes the folder and points ckpt.pt at it."""
     path = run_dir / f"ckpt_{step:08d}.dcp"
     partial = run_dir / f".{path.name}.partial"  # one name every rank knows; only ever complete when renamed
     if checkpoint is not None:
@@ -54,7 +54,7 @@ def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.n
         if path.exists():  # a step saved again (a resumed run that stopped at the same step)
             shutil.rmtree(path)
         publish(partial, path)
-        make_latest(run_dir, path, keep, permanent_interval)
+        make_latest(run_dir, path)
     _barrier()
     return path
 
