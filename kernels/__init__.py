@@ -112,17 +112,13 @@ def gelu_tanh(x: Tensor) -> Tensor:
 BETA, KAPPA = math.sqrt(2 / math.pi), 0.044715
 
 
-def _save_input(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[0])
+def _save_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
 
 
 def _gelu_backward(ctx, grad: Tensor) -> Tensor:
     (x,) = ctx.saved_tensors
     return torch.ops.nanomerit.gelu_tanh_backward(grad.contiguous(), x)
-
-
-def _save_inputs(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
 
 
 def _gelu_backward_backward(ctx, grad_dx: Tensor) -> tuple[Tensor, Tensor]:
@@ -140,7 +136,7 @@ def _gelu_backward_backward(ctx, grad_dx: Tensor) -> tuple[Tensor, Tensor]:
 @functools.cache  # once per process, though a test may clear build's cache
 def _register_gelu_autograd() -> None:
     """gelu_tanh's derivatives (twice differentiable) and the shapes torch.compile traces."""
-    torch.library.register_autograd("nanomerit::gelu_tanh", _gelu_backward, setup_context=_save_input)
+    torch.library.register_autograd("nanomerit::gelu_tanh", _gelu_backward, setup_context=_save_inputs)
     torch.library.register_autograd("nanomerit::gelu_tanh_backward", _gelu_backward_backward,
                                     setup_context=_save_inputs)
     torch.library.register_fake("nanomerit::gelu_tanh")(torch.empty_like)

@@ -57,9 +57,6 @@ class Layout:
     def __init__(self, ctx: Distributed):
         self.ctx = ctx
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(ranks={self.ctx.world_size})"
-
     @staticmethod
     def of(zero_stage: int, fsdp: bool, ctx: Distributed) -> Layout:
         """The layout a config asks for on ``ctx``'s ranks (one process: ``Layout`` whatever it asks,
