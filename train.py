@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -31,16 +30,18 @@ from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
+from training.replicas import ReplicaGroups
 from training.run_config import RunConfig, precision, resolve_config
 from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
 # What takes part in a run beside the model and the optimizer (training/parts.py), in the order the loop
-# calls them (the speed measured first; the sinks' start-up lines first); a config's (extra_parts) after.
+# calls them (the speed measured first; the sinks' start-up lines first; the replica groups' quorum after
+# every other part's after_step); a config's (extra_parts) after.
 PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
          qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
-         ZeroShot)
+         ZeroShot, ReplicaGroups)
 
 # The parts of a training step (Trainer.phase). Gradient reduction runs inside "backward" (DDP's
 # and FSDP2's hooks); "after_step" is the parts' (QK-Clip's clip).
@@ -56,8 +57,8 @@ class Trainer:
         self.optimizer_settings = run.optimizer_settings
         self.ctx = distributed.setup(config.device, config.flush_denormals)  # (before any computation)
         self.device = self.ctx.device
-        self.layout = Layout.of(config.zero_stage, config.fsdp, self.ctx)
-        self.run_dir = Path(config.out_dir) / config.run_name
+        self.layout = Layout.of(config, self.ctx)  # (replica groups: joins torchft's lighthouse)
+        self.run_dir = config.run_dir
         # Every input is checked before anything is written: the folder is locked last, prepared in train().
         folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
@@ -74,15 +75,15 @@ class Trainer:
             self.model, decay_embeddings=config.decay_embeddings, backend=config.optim_backend,
             batch_tokens=schedule.tokens_per_step(0), run_steps=schedule.lengths(config)[0],
             zero_redundancy=self.layout.zero_redundancy)
-        self.batches = BatchPlan(config, block, self.optimizer, self.ctx.world_size)  # what follows the batch
+        self.batches = BatchPlan(config, block, self.optimizer, self.layout.data_ranks)  # what follows the batch
         self.batches.follow(schedule)  # (the run's length; the first step's accumulation and decays)
         torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
                                    vocab_size=self.tokenizer.n_vocab)
-        self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block, rank=self.ctx.rank,
-                                        world_size=self.ctx.world_size, seed=config.data_seed, device=self.device,
-                                        **self.loader_options)
+        self.train_loader = TokenLoader(config.data_dir, "train", config.micro_batch_size, block,
+                                        rank=self.layout.data_rank, world_size=self.layout.data_ranks,
+                                        seed=config.data_seed, device=self.device, **self.loader_options)
         self.loss_window = LossWindow(self.ctx)  # the train loss since the last log step
         self.checkpoints = Checkpointer(self.layout, self.run_dir, config)
         self.nonfinite = NonFiniteSteps(config.nonfinite, config.max_skipped_steps, self.run_dir,
@@ -170,7 +171,9 @@ class Trainer:
         self.nonfinite.record(step.number, step.finite)
         self.parts.call("before_update", step)
         with self.phase("optimizer"):
-            if self.config.nonfinite == "skip" and not self.scaler.is_enabled():
+            if not step.committed:  # (replica groups that did not agree on this step drop it: training/replicas.py)
+                pass
+            elif self.config.nonfinite == "skip" and not self.scaler.is_enabled():
                 self.optimizer.step_unless(~step.finite)  # on the device: no host sync
             else:
                 self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)

@@ -223,6 +223,20 @@ class TrainConfig:
     # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
     fsdp: bool = role("bookkeeping", False)
     peak_flops: float | None = role("bookkeeping", None)  # per device, for MFU; None: looked up from the GPU's name
+    # --- replica groups past one cluster (torchft; training/replicas.py, docs/scaling_out.md) ---
+    # N: this run is one of N replica groups, each its own torchrun job (DDP inside) that splits the global
+    # batch with the others and keeps training when another fails; 0: off (torchft never imported)
+    replica_groups: int = role("experiment", 0)
+    replica_id: int = role("bookkeeping", 0)  # this group's number, 0 .. replica_groups - 1 (its run folder's name)
+    lighthouse: str = role("bookkeeping", "")  # the torchft lighthouse, "http://HOST:PORT"; "": $TORCHFT_LIGHTHOUSE
+    min_replicas: int = role("bookkeeping", 1)  # groups a step (or a sync) needs to commit
+    replica_timeout: float = role("bookkeeping", 60.0)  # seconds a cross-group collective or quorum may take
+    # H > 0: the groups train apart and meet every H steps (local_method); 0: gradients averaged every step
+    local_steps: int = role("experiment", 0)
+    # "diloco" (the mean pseudo-gradient through an outer SGD with Nesterov momentum) or "localsgd" (the mean)
+    local_method: str = role("experiment", "diloco")
+    outer_lr: float = role("experiment", 0.7)  # DiLoCo's outer learning rate (Douillard et al. 2023: 0.7)
+    outer_momentum: float = role("experiment", 0.9)  # DiLoCo's outer Nesterov momentum (0.9)
 
     def __post_init__(self):
         for key, value in vars(self).items():  # (1e999 parses as inf)
@@ -298,8 +312,39 @@ class TrainConfig:
         _check(not (self.fsdp and self.dtype == "float16"), "fsdp=True with dtype='float16': FSDP2's mixed precision "
                "here is bfloat16 (no loss scaling of sharded gradients): use dtype='bfloat16' or 'float32'")
         _check(self.log_interval > 0 and self.eval_interval > 0, "log_interval and eval_interval must be > 0")
+        self._check_replica_groups()
         _check(self.zero_shot_interval >= 0 and (self.zero_shot_limit is None or self.zero_shot_limit > 0),
                "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
+
+    def _check_replica_groups(self):
+        groups = self.replica_groups
+        _check(groups >= 0, f"replica_groups={groups} must be >= 0 (0: one job, no torchft)")
+        if not groups:
+            _check(not self.local_steps, f"local_steps={self.local_steps} needs replica groups to meet: set "
+                                         f"replica_groups (docs/scaling_out.md)")
+            return
+        _check(0 <= self.replica_id < groups, f"replica_id={self.replica_id} must lie in [0, replica_groups={groups})")
+        _check(1 <= self.min_replicas <= groups, f"min_replicas={self.min_replicas} must lie in [1, replica_groups="
+                                                 f"{groups}]")
+        _check(self.replica_timeout > 0, f"replica_timeout={self.replica_timeout} must be > 0 seconds")
+        _check(self.local_steps >= 0, f"local_steps={self.local_steps} must be >= 0 (0: gradients averaged every step)")
+        _check(self.local_method in ("diloco", "localsgd"), f"local_method={self.local_method!r}: use 'diloco' or "
+                                                            f"'localsgd'")
+        _check(self.outer_lr > 0 and 0 <= self.outer_momentum < 1, f"outer_lr={self.outer_lr} must be > 0 and "
+               f"outer_momentum={self.outer_momentum} lie in [0, 1)")
+        _check(not (self.fsdp or self.zero_stage), "replica_groups with fsdp or zero_stage=1: a group's sharded state "
+               "cannot be handed to a rejoining group here yet; use DDP inside each group (the default)")
+        _check(not (self.local_steps and self.optimizer == "adamw_schedulefree"), "local_steps with optimizer="
+               "'adamw_schedulefree': its evaluated weights x are optimizer state, which the groups would not meet "
+               "on; use replica groups without local_steps, or another optimizer")
+        _check(not self.batch_schedule, "replica_groups with a batch_schedule: the groups would change their "
+               "accumulation at a step a rejoining group may not know; use one batch_size")
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder: out_dir/run_name, and a replica group's own under it (replica_<id>)."""
+        folder = Path(self.out_dir) / self.run_name
+        return folder / f"replica_{self.replica_id}" if self.replica_groups else folder
 
     # --- derived quantities (one place for each) ---
     def model_config(self, n_vocab: int) -> GPTConfig:

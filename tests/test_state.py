@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 import optim
+from configs import TrainConfig
 from data.loader import TokenLoader
 from data.shards import write_shard
 from helpers import make_text
@@ -90,7 +91,7 @@ def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
         state.optimizer.zero_grad()
         state.pieces["train_window"].add(loss.detach(), torch.tensor(True))
         state.step += 1
-    layout = Layout.of(zero_stage=0, fsdp=False, ctx=ONE_PROCESS)
+    layout = Layout.of(TrainConfig(max_steps=1), ONE_PROCESS)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     layout.save(state, run_dir)

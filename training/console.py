@@ -37,7 +37,7 @@ class Console(Part):
             f"optimizer {c.optimizer} lr {c.lr}{'' if c.lr_schedule == 'constant' else f' -> {c.min_lr}'} "
             f"({c.lr_schedule}, warmup {run.batches.warmup_steps}); "
             f"global batch {run.batches.schedule.phase(run.step).batch} x {m.block_size} tokens = micro "
-            f"{c.micro_batch_size} x {run.ctx.world_size} ranks x {run.batches.accumulation} accumulation; "
+            f"{c.micro_batch_size} x {run.layout.data_ranks} ranks x {run.batches.accumulation} accumulation; "
             f"{run.batches.total_steps} steps "
             f"on {run.device} ({run.layout.strategy})",
             f"optimizer {c.optimizer} hyper-parameters: {run.optimizer_settings}",

@@ -175,7 +175,7 @@ class Speed(Part):
         self.since, self.tokens = now, 0
         record = {"tokens_per_s": tokens_per_s}
         if self.peak_flops:
-            record["mfu"] = self.run.model.estimate_mfu(tokens_per_s / self.run.ctx.world_size, self.peak_flops)
+            record["mfu"] = self.run.model.estimate_mfu(tokens_per_s / self.run.layout.data_ranks, self.peak_flops)
         return record
 
 

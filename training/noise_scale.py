@@ -76,7 +76,7 @@ class GradientNoiseScale(Part):
         world_size = run.ctx.world_size
         accumulations = {run.batches.schedule.accumulation(phase.step, run.config.micro_batch_size, world_size)
                          for phase in run.batches.schedule.phases}  # (a batch schedule's phases may differ)
-        if not (any(cls.possible(a, world_size) for a in accumulations) and run.layout.holds_whole_gradients):
+        if not (any(cls.possible(a, world_size) for a in accumulations) and run.layout.measures_gradient_noise):
             return None
         part = cls(gpt_groups(run.model), run.config.micro_batch_size * run.model_config.block_size,
                    run.batches.accumulation, world_size, run.config.noise_scale_ema)

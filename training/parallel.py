@@ -25,6 +25,7 @@ from __future__ import annotations
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,9 @@ from training import distributed
 from training.checkpoint import Checkpoint, save_in
 from training.distributed import Distributed
 from training.state import RunState
+
+if TYPE_CHECKING:
+    from training.replicas import ReplicaGroup
 
 
 class Layout:
@@ -54,26 +58,50 @@ class Layout:
     shards_parameters = False
     zero_redundancy = False  # whether the optimizer is wrapped in ZeRO-1 (``optim.build(..., zero_redundancy=)``)
 
-    def __init__(self, ctx: Distributed):
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
         self.ctx = ctx
+        # torchft's side of a run that is one of several replica groups (training/replicas.py), else None
+        self.replica_group = replica_group
 
     @staticmethod
-    def of(zero_stage: int, fsdp: bool, ctx: Distributed) -> Layout:
-        """The layout a config asks for on ``ctx``'s ranks (one process: ``Layout`` whatever it asks,
-        with a warning that it shards nothing)."""
+    def of(config, ctx: Distributed) -> Layout:
+        """The layout ``config`` (a TrainConfig) asks for on ``ctx``'s ranks (one process: ``Layout``
+        whatever it asks, with a warning that it shards nothing). One of several replica groups
+        joins them first (torchft's lighthouse): with local steps its ranks train as any job's and
+        meet the other groups every H steps; without, every gradient is averaged across the groups."""
+        zero_stage, fsdp = config.zero_stage, config.fsdp
+        group = None
+        if config.replica_groups:
+            from training.replicas import ReplicaGroup  # (torchft: imported by the runs that use it)
+            group = ReplicaGroup.join(config, ctx)
+            if not config.local_steps:
+                return AcrossReplicaGroups(ctx, group)
         if not ctx.enabled:
             if zero_stage or fsdp:
                 asked = "fsdp=True" if fsdp else f"zero_stage={zero_stage}"
                 warnings.warn(f"{asked} on one process shards nothing: this run is unsharded, and so is its "
                               f"checkpoint (resume it without {asked.split('=')[0]}, or launch with torchrun "
                               f"--nproc_per_node=N to shard)")
-            return Layout(ctx)
-        return (FullyShardedDataParallel if fsdp else ZeRO1 if zero_stage == 1 else DataParallel)(ctx)
+            return Layout(ctx, group)
+        return (FullyShardedDataParallel if fsdp else ZeRO1 if zero_stage == 1 else DataParallel)(ctx, group)
 
     @property
-    def holds_whole_gradients(self) -> bool:
-        """Whether a rank holds whole gradients (not under FSDP2: the gradient noise scale needs them)."""
-        return not self.shards_parameters
+    def data_rank(self) -> int:
+        """This rank's share of each global batch (the training loader's rank): its rank among
+        every replica group's ranks."""
+        group = self.replica_group
+        return self.ctx.rank + (group.replica_id * self.ctx.world_size if group else 0)
+
+    @property
+    def data_ranks(self) -> int:
+        """The ranks the global batch splits over: this job's, times the replica groups."""
+        return self.ctx.world_size * (self.replica_group.groups if self.replica_group else 1)
+
+    @property
+    def measures_gradient_noise(self) -> bool:
+        """Whether a rank sees its own gradients and the job's mean (the gradient noise scale needs
+        both): not under FSDP2 (sharded), nor across replica groups (the mean is torchft's)."""
+        return not self.shards_parameters and self.replica_group is None
 
     @property
     def gradient_copies(self) -> int:
@@ -153,8 +181,8 @@ class DataParallel(Layout):
 
     strategy = "ddp"
 
-    def __init__(self, ctx: Distributed):
-        super().__init__(ctx)
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
+        super().__init__(ctx, replica_group)
         self.replicate = dist.group.WORLD
 
     @property
@@ -178,8 +206,8 @@ class ZeRO1(DataParallel):
     strategy = "zero1"
     zero_redundancy = True
 
-    def __init__(self, ctx: Distributed):
-        super().__init__(ctx)
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
+        super().__init__(ctx, replica_group)
         self.shard = dist.group.WORLD
 
     def _optimizer_state(self, optimizer) -> dict:
@@ -191,6 +219,42 @@ class ZeRO1(DataParallel):
                              f"fsdp=True, or with zero_stage=0")
 
 
+class AcrossReplicaGroups(DataParallel):
+    """``replicas``: one of several replica groups (torchft) that average every gradient across
+    each other. DDP computes each bucket's mean over this job's ranks (``replicate``; a group of one
+    process has none), then torchft's manager the mean over the groups that take part in the step
+    (training/replicas.py); a step the groups cannot agree on is dropped (``Step.committed``)."""
+
+    strategy = "replicas"
+
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup):
+        super().__init__(ctx, replica_group)
+        self.replicate = dist.group.WORLD if ctx.enabled else None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        # DDP over a dummy group (nothing broadcast: the weights start equal by the seed, or from a
+        # peer), its buckets reduced by the hook below. find_unused_parameters keeps the buckets as
+        # first built, as torchft's own DDP does: a rejoining group's must match its peers'.
+        from torchft.process_group import ProcessGroupDummy
+        device = self.ctx.device
+        ddp = DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None,
+                  process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
+        ddp.register_comm_hook(self, _mean_across_groups)
+        return ddp
+
+
+def _mean_across_groups(layout, bucket):
+    """DDP's communication hook across replica groups: the dist.GradBucket's mean over this job's
+    ranks, then over the groups taking part (torchft; a failed collective is the manager's to
+    report); a future of it. (Not annotated: DDP checks the annotations, which the module's
+    ``from __future__ import annotations`` would make strings.)"""
+    buffer = bucket.buffer()
+    if layout.replicate is not None:
+        dist.all_reduce(buffer, group=layout.replicate)
+        buffer /= layout.ctx.world_size
+    return layout.replica_group.allreduce(buffer)
+
+
 class FullyShardedDataParallel(Layout):
     """``fsdp``: parameters, gradients and optimizer state split by rows over ``shard`` (FSDP2;
     optim/sharding.py completes the trust ratios across it); every rank writes its shards of the
@@ -199,8 +263,8 @@ class FullyShardedDataParallel(Layout):
     strategy = "fsdp"
     shards_parameters = True
 
-    def __init__(self, ctx: Distributed):
-        super().__init__(ctx)
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
+        super().__init__(ctx, replica_group)
         self.shard = dist.group.WORLD
 
     def shard_model(self, model: GPT, param_dtype: torch.dtype) -> None:

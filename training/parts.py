@@ -70,6 +70,7 @@ class Step:
     log: bool = False  # a log step: measured (a host sync), its metrics logged
     final: bool = False  # the run's last step
     finite: Tensor | None = None  # after the update: whether the gradient was finite (a 0-d bool tensor)
+    committed: bool = True  # False (set before_update): the update is dropped (replica groups that disagreed)
 
 
 class Part:

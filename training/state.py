@@ -74,8 +74,31 @@ class RunState:
                 part.load_state_dict(checkpoint.parts[name])
 
 
+    def peer_state_dict(self) -> dict:
+        """What a replica group hands one that (re)joins it (training/replicas.py, through torchft's
+        checkpoint transport), rank by rank: this rank's step, model, optimizer, pieces and parts,
+        with no collective (torchft asks from its own thread), so without the pieces that gather
+        every rank's (``GATHERS``: the RNG states, the loss window), which the joining rank keeps."""
+        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "pieces": {name: piece.state_dict() for name, piece in self.pieces.items()
+                           if not getattr(piece, "GATHERS", False)},
+                "parts": {name: part.state_dict() for name, part in self.parts.items()}}
+
+    def load_peer_state_dict(self, state: dict) -> None:
+        """Continue from a peer's ``peer_state_dict`` (the same config: nothing to check)."""
+        self.step = state["step"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for name, saved in state["pieces"].items():
+            self.pieces[name].load_state_dict(saved)
+        for name, saved in state["parts"].items():
+            self.parts[name].load_state_dict(saved)
+
+
 class RankRNG:
     """Every rank's torch RNG states (CPU, and the rank's CUDA device): dropout noise continues."""
+
+    GATHERS = True  # (state_dict is a collective)
 
     def __init__(self, ctx: Distributed):
         self.ctx = ctx
@@ -110,6 +133,8 @@ class LossWindow:
     sync): they are summed where the loop syncs anyway (a log step's mean, a checkpoint), in one
     host read, step by step in the losses' dtype, as adding each on the device would (the window
     holds log_interval's at most)."""
+
+    GATHERS = True  # (state_dict is a collective)
 
     def __init__(self, ctx: Distributed):
         self.ctx = ctx

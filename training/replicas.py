@@ -1,0 +1,232 @@
+"""Replica groups past one cluster, on torchft (docs/scaling_out.md).
+
+A run may be one of ``replica_groups`` groups, each its own torchrun job (DDP inside it, or one
+process), coordinated by a torchft lighthouse (``torchft_lighthouse --min_replicas 1 ...``) and
+one ``torchft.Manager`` per group (``ReplicaGroup``). The groups split every global batch: rank r
+of group g reads the rows of data rank g x W + r (``Layout.data_rank``), so G groups of W ranks
+read what one job of G x W ranks would. Then either:
+
+- ``local_steps=0``: every gradient is averaged across the groups at every step
+  (training/parallel.py's ``AcrossReplicaGroups``: DDP's mean over the group's ranks, then the
+  manager's over the groups in the step's quorum). A group that fails (killed, its machine lost)
+  interrupts one step, which the others drop (``should_commit`` is False: ``Step.committed``), and
+  leaves the quorum; the others train on without it, each step then averaging fewer groups'
+  gradients: a smaller effective batch, which the record says (below). The failed group, started
+  again with the same command, joins at the next quorum and takes the step, weights, optimizer
+  state, loader position and parts' state from a live peer (torchft's checkpoint transport:
+  ``RunState.peer_state_dict``), from where it trains on in step with the others, bitwise.
+- ``local_steps=H``: each group takes H steps of its own optimizer on its own share of the batch,
+  then the groups meet (torchft's ``local_sgd``): ``localsgd`` averages the weights; ``diloco``
+  averages the pseudo-gradients (the weights at the last meeting minus the group's own) and steps
+  an outer SGD with Nesterov momentum from the last meeting's weights (outer_lr 0.7,
+  outer_momentum 0.9: Douillard et al. 2023). A meeting a group fails in is dropped (DiLoCo: the
+  round's steps undone, the weights back at the last meeting's); a group that starts again trains
+  until the next meeting, where it takes a live peer's state (its steps since are lost).
+
+The quorum of a step is formed after the previous step (``ReplicaGroups.after_step``, the last
+part), so a joining group's new state is in place before the next step is numbered; the first
+quorum when the loop starts.
+
+What a group records (metrics ``replicas/``, at each log step): the groups that took part in the
+last step or meeting (``participants``) and the sequences whose gradients it averaged
+(``effective_batch``); over the run, the tokens of the global batches whose gradients reached this
+group's weights (``tokens_trained``) and those that did not (``tokens_lost``: the groups missing
+from a step, a dropped step's whole batch), which add up to the run's ``tokens``; the steps or
+meetings dropped (``dropped``) and the bytes this rank sent to the cross-group all-reduces
+(``bytes_allreduced``). Its checkpoint holds the manager's state (its step and the batches
+committed) and the local method's (the outer optimizer's momentum and the weights of the last
+meeting), so a whole-job restart resumes bitwise, also in the middle of a round.
+
+Where an inner optimizer or part needs care: Sophia-G's extra pass averages its gradient across
+the groups like a step's (``local_steps=0``) or stays within the group (local steps); QK-Clip clips
+each group's weights after its own steps, before a meeting (its clip is local, like the update);
+Schedule-Free AdamW's evaluated weights x are the optimizer's state, not the model's, and would not
+meet: refused with local steps, as are batch schedules and sharded layouts (configs/__init__.py).
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from training.distributed import Distributed
+from training.parts import Part, Step
+
+# The install line a run without torchft is told (requirements-ft.txt pins it).
+INSTALL = "pip install -r requirements-ft.txt"
+
+
+class ReplicaGroup:
+    """This job's membership of the replica groups: torchft's ``Manager`` (the quorum each step,
+    the cross-group all-reduce, the commit, healing a joining group) and the bytes it carried."""
+
+    def __init__(self, manager, replica_id: int, groups: int, store: dist.TCPStore | None):
+        self.manager, self.replica_id, self.groups = manager, replica_id, groups
+        self.store = store  # (a group of one process: the store torchft's manager meets in, held open)
+        self.bytes_allreduced = 0
+
+    @classmethod
+    def join(cls, config, ctx: Distributed) -> ReplicaGroup:
+        """Connect to config.lighthouse as group config.replica_id (every rank of the job calls it)."""
+        # torchft's Rust core logs every quorum and commit at "info": its warnings only, unless asked.
+        os.environ.setdefault("RUST_LOG", "warn")
+        try:
+            import torchft
+        except ImportError as error:
+            raise ValueError(f"replica_groups={config.replica_groups} needs torchft ({error}): {INSTALL}") from error
+        lighthouse = config.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+        if not lighthouse:
+            raise ValueError(f"replica_groups={config.replica_groups} needs the lighthouse's address: pass "
+                             f"--lighthouse=http://HOST:PORT (of torchft_lighthouse) or set TORCHFT_LIGHTHOUSE")
+        timeout = timedelta(seconds=config.replica_timeout)
+        pg = (torchft.ProcessGroupNCCL if ctx.device.type == "cuda" else torchft.ProcessGroupGloo)(timeout=timeout)
+        store = None
+        if ctx.enabled:  # torchrun's store (MASTER_ADDR, MASTER_PORT)
+            address = {}
+        else:  # one process: a store of its own
+            store = dist.TCPStore("localhost", 0, 1, is_master=True, wait_for_workers=False)
+            address = {"store_addr": "localhost", "store_port": store.port}
+        manager = torchft.Manager(
+            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=config.min_replicas,
+            # (a synchronous quorum: a joining group's state is in place when start_quorum returns)
+            use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+            rank=ctx.rank, world_size=ctx.world_size, lighthouse_addr=lighthouse,
+            # (the weights start equal on every group, by the seed: nothing to send at step 0)
+            replica_id=f"nanomerit_replica_{config.replica_id}", init_sync=False, **address)
+        return cls(manager, config.replica_id, config.replica_groups, store)
+
+    def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """``tensor`` averaged over the groups in the quorum, in place, and a completed future of it.
+        A failed all-reduce (a peer lost) leaves ``tensor`` undefined and is the manager's to
+        report: the step is then not committed. (The future is a fresh one: torchft's own, of a
+        failed collective, has no result to hand DDP's reducer, which then crashes.)"""
+        self.bytes_allreduced += tensor.numel() * tensor.element_size()
+        self.manager.allreduce(tensor).wait()
+        done = torch.futures.Future()
+        done.set_result(tensor)
+        return done
+
+    @property
+    def participants(self) -> int:
+        return self.manager.num_participants()
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+class ReplicaGroups(Part):
+    """The replica groups' part in a run: the quorum between steps, the commit before an update,
+    the local method's rounds (torchft's ``DiLoCo`` or ``LocalSGD`` around the optimizer), the
+    record (the module's docstring), and their state in checkpoints and for a joining group."""
+
+    name = "replica_groups"
+    metric_keys = ("replicas/",)
+
+    def __init__(self, run):
+        self.run, self.group = run, run.layout.replica_group
+        self.config = config = run.config
+        self.local_steps = config.local_steps
+        self.local = None  # torchft's DiLoCo or LocalSGD, entered at start
+        self.local_state: dict | None = None  # a checkpoint's, for the local method once it exists
+        self.meetings = 0  # the manager's committed steps (with local steps: meetings) when last counted
+        self.participants = self.effective_batch = 0
+        self.tokens_trained = self.tokens_lost = self.dropped = 0
+
+    @classmethod
+    def build(cls, run) -> ReplicaGroups | None:
+        config = run.config
+        if not config.replica_groups:
+            return None
+        if config.local_steps:
+            if run.batches.total_steps % config.local_steps:
+                raise ValueError(f"local_steps={config.local_steps} does not divide the run's "
+                                 f"{run.batches.total_steps} steps: its last steps would never meet; choose "
+                                 f"max_steps (or max_tokens) a multiple of local_steps")
+        return cls(run)
+
+    # --- the run ---
+    def start(self) -> None:
+        manager, state = self.group.manager, self.run.state
+        manager.register_state_dict_fn("run", state.load_peer_state_dict, state.peer_state_dict)
+        self.meetings = manager.current_step()
+        if self.local_steps:
+            self.local = self._local_method()
+            self.local.__enter__()
+        else:
+            manager.start_quorum()  # (a joining group takes a peer's state here)
+
+    def _local_method(self):
+        from torchft import local_sgd
+        run, manager = self.run, self.group.manager
+        if self.config.local_method == "localsgd":
+            local = local_sgd.LocalSGD(manager, run.model, run.optimizer, sync_every=self.local_steps)
+        else:
+            outer = torch.optim.SGD(run.model.parameters(), lr=self.config.outer_lr,
+                                    momentum=self.config.outer_momentum, nesterov=True)
+            local = local_sgd.DiLoCo(manager, [run.model], run.optimizer, outer, sync_every=self.local_steps)
+            if self.local_state is not None:  # (the checkpoint's outer momentum and last meeting's weights)
+                fragment = local._fragments[0]
+                fragment._outer_optimizer.load_state_dict(self.local_state["outer_optimizer"])
+                for name, weights in self.local_state["met_weights"].items():
+                    fragment.original_parameters[name].copy_(weights)
+        # The steps since the last meeting (torchft counts them itself from its start): the groups meet
+        # at the run's steps divisible by H.
+        local._local_step = run.state.step % self.local_steps
+        return local
+
+    def before_update(self, step: Step) -> None:
+        if self.local_steps:
+            return
+        step.committed = self.group.manager.should_commit()
+        self._count(step.number, step.committed, own_share=False)
+
+    def after_update(self, step: Step) -> None:
+        if self.local_steps and step.number % self.local_steps == 0:  # (the optimizer's step met the others)
+            committed = self.group.manager.current_step() > self.meetings
+            self.meetings = self.group.manager.current_step()
+            self._count(step.number, committed, own_share=self.config.local_method == "localsgd", steps=self.local_steps)
+
+    def after_step(self, step: Step) -> None:
+        if not (self.local_steps or step.final):
+            self.group.manager.start_quorum()  # the next step's (a joining group takes a peer's state here)
+
+    def _count(self, number: int, committed: bool, own_share: bool, steps: int = 1) -> None:
+        """The tokens of the ``steps`` global batches up to step ``number`` that reached this group's
+        weights, and those lost: ``committed``, the participants' shares; dropped, none (or the
+        group's own, where a dropped meeting keeps the local weights: ``own_share``)."""
+        groups, schedule = self.group.groups, self.run.batches.schedule
+        tokens = sum(schedule.tokens_per_step(n - 1) for n in range(number - steps + 1, number + 1))
+        self.participants = self.group.participants
+        shares = self.participants if committed else int(own_share)
+        self.effective_batch = shares * self.run.batches.schedule.phase(number - 1).batch // groups
+        self.tokens_trained += tokens * shares // groups
+        self.tokens_lost += tokens - tokens * shares // groups
+        self.dropped += not committed
+
+    def measure(self, step: Step) -> dict:
+        return {"replicas/participants": self.participants, "replicas/effective_batch": self.effective_batch,
+                "replicas/tokens_trained": self.tokens_trained, "replicas/tokens_lost": self.tokens_lost,
+                "replicas/dropped": self.dropped, "replicas/bytes_allreduced": self.group.bytes_allreduced}
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.__exit__(None, None, None)
+        self.group.shutdown()
+
+    # --- state (checkpoints, and a joining group's) ---
+    def state_dict(self) -> dict:
+        state = {"manager": self.group.manager.state_dict(), "tokens_trained": self.tokens_trained,
+                 "tokens_lost": self.tokens_lost, "dropped": self.dropped}
+        if self.local is not None and hasattr(self.local, "_fragments"):
+            fragment = self.local._fragments[0]
+            state["local"] = {"outer_optimizer": fragment._outer_optimizer.state_dict(),
+                              "met_weights": {name: t.clone() for name, t in fragment.original_parameters.items()}}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.group.manager.load_state_dict(state["manager"])
+        self.tokens_trained, self.tokens_lost, self.dropped = (state["tokens_trained"], state["tokens_lost"],
+                                                               state["dropped"])
+        self.local_state = state.get("local")
