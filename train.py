@@ -36,9 +36,9 @@ from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
 from training.state import LossWindow, RankRNG, RunState
 
-# What takes part in a run beside the model and the optimizer (training/parts.py), in the order the loop
-# calls them (the speed measured first; the sinks' start-up lines first; the replica groups' quorum after
-# every other part's after_step); a config's (extra_parts) after.
+# What takes part in a run beside the model and the optimizer (training/parts.py), in the order the loop calls
+# them (the speed measured first; the sinks' start-up lines first; the replica groups' quorum after the others'
+# after_step); a config's (extra_parts) after.
 PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
          qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
          ZeroShot, ReplicaGroups)
@@ -57,8 +57,7 @@ class Trainer:
         self.optimizer_settings = run.optimizer_settings
         self.ctx = distributed.setup(config.device, config.flush_denormals)  # (before any computation)
         self.device = self.ctx.device
-        self.layout = Layout.of(config, self.ctx)  # (replica groups: joins torchft's lighthouse)
-        self.run_dir = config.run_dir
+        self.layout, self.run_dir = Layout.of(config, self.ctx), config.run_dir  # (replica groups: join torchft's)
         # Every input is checked before anything is written: the folder is locked last, prepared in train().
         folder_seen = run_folder.fingerprint(self.run_dir)
         self.resuming, self.stale_files = run_folder.claim(self.run_dir, config.resume, config.overwrite)
@@ -98,8 +97,7 @@ class Trainer:
             self.restore()
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
-        # Each phase of a step (PHASES) runs in ``with self.phase(name)``: a torch.profiler range while a
-        # profiler records (a trace shows them); scripts/bench_train puts a timer here instead.
+        # Each phase of a step (PHASES) runs in ``with self.phase(name)``: a profiler's range (bench_train: a timer).
         self.phase = metrics.phase_range
         self.signals = StopSignals(self.ctx.is_main)
         self.run_lock = self.checkpoints.lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
@@ -154,8 +152,8 @@ class Trainer:
         """One optimizer step over the global batch: the mean loss, and ``step.finite`` set (0-d tensors,
         no host sync; nonfinite="skip" drops a non-finite update on the device, "stop" raises later)."""
         self.batches.before_step(self.step, self.state.tokens)  # the phase's batch and decays, the step's lr
-        # The weights back where gradients are taken, if an evaluation moved them: with this phase's
-        # decays, as a run resumed with them by hand does (Schedule-Free's y from x and z by beta1).
+        # The weights back where gradients are taken, if an evaluation moved them: with this phase's decays, as a
+        # run resumed with them by hand does (Schedule-Free's y from x and z by beta1).
         self.optimizer.train()
         self.parts.call("before_step", step)
         z_loss = self.config.z_loss
@@ -171,7 +169,7 @@ class Trainer:
         self.nonfinite.record(step.number, step.finite)
         self.parts.call("before_update", step)
         with self.phase("optimizer"):
-            if not step.committed:  # (replica groups that did not agree on this step drop it: training/replicas.py)
+            if not step.committed:  # replica groups that did not agree on it drop the step (training/replicas.py)
                 pass
             elif self.config.nonfinite == "skip" and not self.scaler.is_enabled():
                 self.optimizer.step_unless(~step.finite)  # on the device: no host sync
@@ -254,9 +252,8 @@ class Trainer:
             self.parts.call("record", {"step": self.step, "tokens": self.state.tokens, **metrics})
 
     def save_checkpoint(self):
-        # The checkpoint's model is the evaluated one (Schedule-Free: x, with z in the optimizer state):
-        # what export, eval and the Hessian tool read; a resumed run's first step moves it back, as
-        # this run's next step does, to the same floats.
+        # The checkpoint's model is the evaluated one (Schedule-Free: x), what export, eval and the Hessian tool
+        # read; a resumed run's first step moves it back, as this run's next does, to the same floats.
         self.evaluated_model()
         self.check_finite()
         self.checkpoints.save(self.state)

@@ -1,7 +1,12 @@
 """The fixtures (a small byte-level corpus written as shards, the three backends of the
-optimizers' fused operations) and pytest's hooks; the plain helpers are tests/helpers.py's."""
+optimizers' fused operations, a torchft lighthouse) and pytest's hooks; the plain helpers are
+tests/helpers.py's."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
 
 # The optimizers' Triton kernels run in Triton's CPU interpreter here (read when Triton is imported,
 # on first use): the tests need no GPU. scripts/check_cuda.py runs them on one.
@@ -62,3 +67,23 @@ def byte_shards(tmp_path_factory) -> Path:
             tokens += [256] + list(make_text(60, seed * 1000 + doc).encode())
         write_shard(root / f"{split}_000000.bin", np.array(tokens, dtype=np.uint16))
     return root
+
+
+@pytest.fixture
+def lighthouse():
+    """A torchft lighthouse (its address) that forms a quorum of whoever is alive: the replica
+    groups' coordinator (training/replicas.py); a dead group is noticed within 1 s."""
+    pytest.importorskip("torchft", reason="torchft is not installed (requirements-ft.txt)")
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas=1",
+                                "--quorum_tick_ms=50", "--join_timeout_ms=1000", "--heartbeat_timeout_ms=1000",
+                                f"--bind=[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while socket.socket().connect_ex(("localhost", port)):  # (until it listens)
+        assert time.monotonic() < deadline and process.poll() is None, "the lighthouse did not start"
+        time.sleep(0.05)
+    yield f"http://localhost:{port}"
+    process.kill()
+    process.wait()

@@ -2,6 +2,7 @@
 and the fix: table-driven through train.py's main, on a folder that already holds a good run."""
 import json
 import re
+import sys
 import shutil
 
 import pytest
@@ -62,6 +63,14 @@ CASES = {
                                        r"use fsdp=True"),
     "fsdp and zero-1": (["--fsdp", "--zero_stage=1"], r"fsdp=True already shards the optimizer state .*set "
                                                       r"zero_stage=0 with it"),
+    "local steps alone": (["--local_steps=10"], r"local_steps=10 needs replica groups to meet: set replica_groups"),
+    "replica id": (["--replica_groups=2", "--replica_id=2"], r"replica_id=2 must lie in \[0, replica_groups=2\)"),
+    "local method": (["--replica_groups=2", "--local_steps=5", "--local_method=easgd"],
+                     r"local_method='easgd': use 'diloco' or 'localsgd'"),
+    "replica groups sharded": (["--replica_groups=2", "--fsdp"], r"replica_groups with fsdp or zero_stage=1: .*use "
+                                                                 r"DDP inside each group"),
+    "no lighthouse": (["--replica_groups=2"], r"replica_groups=2 needs the lighthouse's address: pass "
+                                              r"--lighthouse=http://HOST:PORT .*or set TORCHFT_LIGHTHOUSE"),
     "heldout beyond the val split": (["--heldout_tokens=100000000"], r"heldout_tokens=100,000,000 after "
                                      r"val_tokens=512 needs .* validation tokens, but the 'val' split of .* lower "
                                      r"heldout_tokens or val_tokens"),
@@ -215,6 +224,7 @@ def test_a_bad_input_is_refused_with_its_fix_and_nothing_written(workspace, name
     data, out = workspace
     monkeypatch.chdir(tmp_path)
     offline(monkeypatch)
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
     extra, pattern = CASES[name]
     argv = []  # (None: no arguments at all)
     if extra is not None:
@@ -242,6 +252,19 @@ def test_no_config_file_and_no_length_says_how_to_name_a_config(workspace, monke
         f"train.py: no config file given, so nothing sets the run's length (max_steps or max_tokens): name a "
         f"config file first, e.g. python train.py configs/default.py --data_dir={data} --out_dir={out} "
         f"--run_name=y, or set --max_steps (or --max_tokens)")
+    assert snapshot(out.parent) == before and list(tmp_path.iterdir()) == []
+
+
+def test_replica_groups_without_torchft_say_how_to_install_it(workspace, monkeypatch, tmp_path):
+    data, out = workspace
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "torchft", None)  # (import torchft raises ImportError, as where it is absent)
+    before = snapshot(out.parent)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*RUN, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new", "--replica_groups=2",
+                    "--lighthouse=http://localhost:29510"])
+    assert re.fullmatch(r"train.py: replica_groups=2 needs torchft \(.*\): pip install -r requirements-ft.txt",
+                        str(exit_info.value.code))
     assert snapshot(out.parent) == before and list(tmp_path.iterdir()) == []
 
 

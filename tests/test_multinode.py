@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, TINY, run_train
+from helpers import ROOT, TINY, run_train, train_here
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun agents, a fake SLURM, signals: real processes throughout
@@ -253,3 +253,28 @@ def test_usr1_saves_requeues_and_the_requeued_job_resumes_to_the_end(byte_shards
     assert state.step == steps and len(state.rng) == 2
     assert [r["step"] for r in records(tmp_path / "default") if "train/loss" in r] == list(range(1, steps + 1))
     assert len((tmp_path / "slurm.log").read_text().splitlines()) == 2  # nothing more signalled or requeued
+
+
+def test_an_array_job_is_replica_groups_of_two_nodes_each(byte_shards, tmp_path, lighthouse):
+    """Submitted as an array, each task is one replica group (torchft): here 2 groups of 2 one-rank
+    nodes, DDP inside each group and torchft's average across them, which together train as one
+    process does at the same global batch of 8 (each of the 4 ranks its 2 rows a step)."""
+    config = tiny_config(tmp_path, byte_shards, max_steps=4)
+    commands, envs = [], []
+    for task in range(2):
+        (tmp_path / f"task{task}").mkdir()
+        envs.append({**fake_slurm(tmp_path / f"task{task}"), "SLURM_JOB_ID": str(4300 + task),
+                     "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": "2", "TORCHFT_LIGHTHOUSE": lighthouse})
+        commands.append(["bash", str(SBATCH), str(config), f"--out_dir={str(tmp_path)!r}", "--batch_size=8"])
+    with started(commands[0], cwd=tmp_path, env=envs[0]) as (first,), \
+            started(commands[1], cwd=tmp_path, env=envs[1]) as (second,):
+        output = finish(first, second)
+    assert "replica group 1 of 2, lighthouse " + lighthouse in output
+    assert "micro 2 x 4 ranks x 1 accumulation" in output  # (each group's 2 ranks, times the 2 groups)
+    groups = [Checkpoint.load(tmp_path / "default" / f"replica_{task}" / CHECKPOINT_NAME) for task in range(2)]
+    assert groups[0].step == groups[1].step == 4
+    assert all(torch.equal(value, groups[1].model[key]) for key, value in groups[0].model.items())
+    train_here(*overrides(byte_shards, tmp_path, run_name="one", max_steps=4, batch_size=8))
+    one = Checkpoint.load(tmp_path / "one" / CHECKPOINT_NAME)
+    for key, value in one.model.items():  # (the mean of 8 rows' gradients taken in two orders)
+        assert torch.allclose(groups[0].model[key], value, rtol=0, atol=1e-6 * value.abs().max().item()), key

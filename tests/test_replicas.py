@@ -12,7 +12,6 @@
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,31 +24,6 @@ from helpers import ROOT, TINY_RUN, read_metrics, train_here
 
 pytest.importorskip("torchft", reason="torchft is not installed (requirements-ft.txt)")
 pytestmark = pytest.mark.slow
-
-LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def lighthouse():
-    """A lighthouse that forms a quorum of whoever is alive (a dead group is noticed within 1 s)."""
-    port = free_port()
-    process = subprocess.Popen([str(LIGHTHOUSE), "--min_replicas=1", "--quorum_tick_ms=50", "--join_timeout_ms=1000",
-                                "--heartbeat_timeout_ms=1000", f"--bind=[::]:{port}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while socket.socket().connect_ex(("localhost", port)):
-        assert time.monotonic() < deadline and process.poll() is None, "the lighthouse did not start"
-        time.sleep(0.05)
-    yield f"http://localhost:{port}"
-    process.kill()
-    process.wait()
-
 
 def group_args(byte_shards, out, lighthouse, *extra):
     """A replica group of the tiny run: 2 groups, each of one process with half the batch of 8."""
