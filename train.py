@@ -28,7 +28,7 @@ from optim.protocol import LossFn
 from training import console, distributed, instruments, memory, metrics, noise_scale, qk_clip, run_folder, validation
 from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
-from training.parallel import Layout
+from training.parallel import Communication, Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
 from training.replicas import ReplicaGroups
 from training.run_config import RunConfig, precision, resolve_config
@@ -41,7 +41,7 @@ from training.state import LossWindow, RankRNG, RunState
 # after_step); a config's (extra_parts) after.
 PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
          qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
-         ZeroShot, ReplicaGroups)
+         ZeroShot, Communication, ReplicaGroups)
 
 # The parts of a training step (Trainer.phase). Gradient reduction runs inside "backward" (DDP's
 # and FSDP2's hooks); "after_step" is the parts' (QK-Clip's clip).

@@ -222,6 +222,10 @@ class TrainConfig:
     zero_stage: int = role("bookkeeping", 0)
     # FSDP2: parameters, gradients and optimizer state sharded by rows over the ranks
     fsdp: bool = role("bookkeeping", False)
+    # torch's DDP communication hook on the gradients: "" (the exact mean), "bf16" (the mean of gradients rounded
+    # to bfloat16) or "powersgd" (a rank-powersgd_rank approximation with error feedback); training/parallel.py
+    comm_hook: str = role("experiment", "")
+    powersgd_rank: int = role("experiment", 1)  # PowerSGD's rank r: each matrix sent as (rows + columns) x r numbers
     peak_flops: float | None = role("bookkeeping", None)  # per device, for MFU; None: looked up from the GPU's name
     # --- replica groups past one cluster (torchft; training/replicas.py, docs/scaling_out.md) ---
     # N: this run is one of N replica groups, each its own torchrun job (DDP inside) that splits the global
@@ -313,6 +317,13 @@ class TrainConfig:
                "here is bfloat16 (no loss scaling of sharded gradients): use dtype='bfloat16' or 'float32'")
         _check(self.log_interval > 0 and self.eval_interval > 0, "log_interval and eval_interval must be > 0")
         self._check_replica_groups()
+        _check(self.comm_hook in ("", "bf16", "powersgd"), f"comm_hook={self.comm_hook!r}: use '' (the exact mean), "
+                                                         f"'bf16' or 'powersgd'")
+        _check(self.powersgd_rank >= 1, f"powersgd_rank={self.powersgd_rank} must be >= 1")
+        _check(not (self.comm_hook and (self.fsdp or self.replica_groups and not self.local_steps)),
+               f"comm_hook={self.comm_hook!r} is DDP's, with fsdp=True or replica groups averaging every step: "
+               f"FSDP2 reduce-scatters with its own collectives and the groups average through torchft's hook; use "
+               f"DDP (or ZeRO-1), or local_steps")
         _check(self.zero_shot_interval >= 0 and (self.zero_shot_limit is None or self.zero_shot_limit > 0),
                "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
 

@@ -71,6 +71,9 @@ CASES = {
                                                                  r"DDP inside each group"),
     "no lighthouse": (["--replica_groups=2"], r"replica_groups=2 needs the lighthouse's address: pass "
                                               r"--lighthouse=http://HOST:PORT .*or set TORCHFT_LIGHTHOUSE"),
+    "comm hook": (["--comm_hook=fp8"], r"comm_hook='fp8': use '' \(the exact mean\), 'bf16' or 'powersgd'"),
+    "comm hook with fsdp": (["--comm_hook=bf16", "--fsdp"], r"comm_hook='bf16' is DDP's, with fsdp=True or replica "
+                                                            r"groups .*use DDP \(or ZeRO-1\), or local_steps"),
     "heldout beyond the val split": (["--heldout_tokens=100000000"], r"heldout_tokens=100,000,000 after "
                                      r"val_tokens=512 needs .* validation tokens, but the 'val' split of .* lower "
                                      r"heldout_tokens or val_tokens"),

@@ -177,3 +177,42 @@ def test_a_damaged_sharded_checkpoint_is_a_clear_error_and_its_metadata_builds_n
     with pytest.raises(ValueError, match=r"names posix.system, which is not DCP metadata: refusing to load it"):
         load_model(planted)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_ddp_logs_the_bytes_of_every_gradient_reduction(runs):
+    """One all-reduce of the whole gradient a step (on the last of its 2 accumulation micro-steps), in
+    float32; ZeRO-1 reduces the same gradients, and FSDP2's reduce-scatter is handed them too."""
+    model = load_model(runs["ddp"][0] / CHECKPOINT_NAME)[0]
+    gradient = 4 * sum(p.numel() for p in model.parameters())
+    for name in STRATEGIES:
+        logged = metrics(runs[name][0])
+        assert logged[(4, "comm/gradient_bytes")] == 4 * gradient
+        assert logged[(4, "comm/gradient_bytes_per_token")] == 4 * gradient / (4 * 8 * 32)
+
+
+def test_a_communication_hook_sends_what_it_says_and_trains_as_ddp_does_within_it(byte_shards, tmp_path):
+    """bf16: half of DDP's bytes, the weights within bfloat16's rounding of DDP's. PowerSGD at rank 1:
+    the first two steps exact (DDP's bytes), then each matrix that compresses by more than 2x sent as
+    its two rank-1 factors, (rows + columns) numbers, the rest whole; the loss still falls."""
+    run = [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--optimizer=sgd", "--lr=0.5",
+           "--max_steps=4", "--log_interval=1", "--batch_size=8", "--micro_batch_size=4", "--grad_clip=0"]
+    for hook in ("", "bf16", "powersgd"):
+        run_train(*run, f"--run_name=hook_{hook}", f"--comm_hook={hook!r}", nproc=2)
+    model = load_model(tmp_path / "hook_" / CHECKPOINT_NAME)[0]
+    numbers = sum(p.numel() for p in model.parameters())
+    compressed = 0
+    for p in model.parameters():
+        rows, columns = (p.shape[0], p.numel() // p.shape[0]) if p.ndim > 1 else (0, 0)
+        compressed += rows + columns if p.ndim > 1 and 2 * (rows + columns) < rows * columns else p.numel()
+    sent = {hook: [metrics(tmp_path / f"hook_{hook}")[(step, "comm/gradient_bytes")] for step in range(1, 5)]
+            for hook in ("", "bf16", "powersgd")}
+    assert sent[""] == [4 * numbers * step for step in range(1, 5)]
+    assert sent["bf16"] == [2 * numbers * step for step in range(1, 5)]
+    assert sent["powersgd"] == [4 * numbers, 8 * numbers, 8 * numbers + 4 * compressed, 8 * numbers + 8 * compressed]
+    assert compressed < numbers / 2  # (the tiny model's matrices compress)
+
+    exact = model.state_dict()
+    bf16 = load_model(tmp_path / "hook_bf16" / CHECKPOINT_NAME)[0].state_dict()
+    assert_same_parameters(bf16, exact, "bf16", rel=2 ** -7)
+    losses = [r["train/loss"] for r in read_metrics(tmp_path / "hook_powersgd") if "train/loss" in r]
+    assert losses[-1] < losses[0]

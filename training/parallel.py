@@ -37,6 +37,7 @@ from optim.sharding import local
 from training import distributed
 from training.checkpoint import Checkpoint, save_in
 from training.distributed import Distributed
+from training.parts import Part
 from training.state import RunState
 
 if TYPE_CHECKING:
@@ -58,10 +59,13 @@ class Layout:
     shards_parameters = False
     zero_redundancy = False  # whether the optimizer is wrapped in ZeRO-1 (``optim.build(..., zero_redundancy=)``)
 
-    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
+    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None, comm_hook: str = "",
+                 powersgd_rank: int = 1):
         self.ctx = ctx
         # torchft's side of a run that is one of several replica groups (training/replicas.py), else None
         self.replica_group = replica_group
+        self.comm_hook, self.powersgd_rank = comm_hook, powersgd_rank  # (DDP's communication hook)
+        self.gradient_bytes = 0  # what this rank handed the gradient reductions so far (the comm/ metrics)
 
     @staticmethod
     def of(config, ctx: Distributed) -> Layout:
@@ -76,14 +80,18 @@ class Layout:
             group = ReplicaGroup.join(config, ctx)
             if not config.local_steps:
                 return AcrossReplicaGroups(ctx, group)
+        hook = dict(comm_hook=config.comm_hook, powersgd_rank=config.powersgd_rank)
         if not ctx.enabled:
             if zero_stage or fsdp:
                 asked = "fsdp=True" if fsdp else f"zero_stage={zero_stage}"
                 warnings.warn(f"{asked} on one process shards nothing: this run is unsharded, and so is its "
                               f"checkpoint (resume it without {asked.split('=')[0]}, or launch with torchrun "
                               f"--nproc_per_node=N to shard)")
-            return Layout(ctx, group)
-        return (FullyShardedDataParallel if fsdp else ZeRO1 if zero_stage == 1 else DataParallel)(ctx, group)
+            if config.comm_hook:
+                warnings.warn(f"comm_hook={config.comm_hook!r} on one process compresses nothing: it reduces no "
+                              f"gradients (launch with torchrun --nproc_per_node=N)")
+            return Layout(ctx, group, **hook)
+        return (FullyShardedDataParallel if fsdp else ZeRO1 if zero_stage == 1 else DataParallel)(ctx, group, **hook)
 
     @property
     def data_rank(self) -> int:
@@ -100,8 +108,9 @@ class Layout:
     @property
     def measures_gradient_noise(self) -> bool:
         """Whether a rank sees its own gradients and the job's mean (the gradient noise scale needs
-        both): not under FSDP2 (sharded), nor across replica groups (the mean is torchft's)."""
-        return not self.shards_parameters and self.replica_group is None
+        both): not under FSDP2 (sharded), nor across replica groups (the mean is torchft's), nor
+        through a communication hook (which holds DDP's one hook, and approximates the mean)."""
+        return not (self.shards_parameters or self.replica_group or self.comm_hook)
 
     @property
     def gradient_copies(self) -> int:
@@ -181,8 +190,8 @@ class DataParallel(Layout):
 
     strategy = "ddp"
 
-    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
-        super().__init__(ctx, replica_group)
+    def __init__(self, ctx: Distributed, *args, **kwargs):
+        super().__init__(ctx, *args, **kwargs)
         self.replicate = dist.group.WORLD
 
     @property
@@ -191,10 +200,16 @@ class DataParallel(Layout):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device = self.ctx.device
-        return DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None,
-                   process_group=self.replicate)
+        ddp = DDP(model, device_ids=[self.ctx.local_rank] if device.type == "cuda" else None,
+                  process_group=self.replicate)
+        self.sync_bytes = _gradient_bytes(model)
+        if self.comm_hook:  # (which counts its own bytes)
+            ddp.register_comm_hook(*_communication_hook(self))
+        return ddp
 
     def gradient_sync(self, train_model: nn.Module, sync: bool):
+        if sync and not self.comm_hook:
+            self.gradient_bytes += self.sync_bytes
         return nullcontext() if sync else train_model.no_sync()  # DDP's
 
 
@@ -206,8 +221,8 @@ class ZeRO1(DataParallel):
     strategy = "zero1"
     zero_redundancy = True
 
-    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
-        super().__init__(ctx, replica_group)
+    def __init__(self, ctx: Distributed, *args, **kwargs):
+        super().__init__(ctx, *args, **kwargs)
         self.shard = dist.group.WORLD
 
     def _optimizer_state(self, optimizer) -> dict:
@@ -217,6 +232,75 @@ class ZeRO1(DataParallel):
         if checkpoint.tensors == "dcp":
             raise ValueError(f"checkpoint {path} is sharded (written with fsdp=True): resume it with "
                              f"fsdp=True, or with zero_stage=0")
+
+
+def _gradient_bytes(model: nn.Module) -> int:
+    """The bytes of the gradients a reduction carries: every trained parameter's, in its dtype."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _communication_hook(layout: DataParallel) -> tuple:
+    """(state, hook) of torch's DDP communication hook ``layout.comm_hook``, counting the bytes it
+    hands the all-reduce into ``layout.gradient_bytes``:
+
+    - "bf16": each rank's gradient rounded to bfloat16 (8 significant bits), divided by the ranks
+      and summed in bfloat16, then widened again: the mean to about 2^-8 of each element.
+    - "powersgd": Vogels et al. 2019 at rank ``powersgd_rank``, from the second step on (the first
+      two all-reduce exactly: torch's minimum start with error feedback): each matrix gradient (as
+      rows x the rest) that compresses by more than 2x is all-reduced as two rank-r factors P and Q,
+      the rest exactly; the approximation's error is added to the next step's gradient (error
+      feedback), so no step applies the mean gradient, and a resume starts the feedback afresh.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    def bf16(group, bucket):  # (no annotations: DDP checks them, and this module's are strings)
+        layout.gradient_bytes += bucket.buffer().numel() * 2
+        return default_hooks.bf16_compress_hook(group, bucket)
+
+    def power(state, bucket):
+        layout.gradient_bytes += _powersgd_bytes(state, bucket)
+        return powersgd.powerSGD_hook(state, bucket)
+
+    if layout.comm_hook == "bf16":
+        return layout.replicate, bf16
+    return powersgd.PowerSGDState(layout.replicate, matrix_approximation_rank=layout.powersgd_rank,
+                                  start_powerSGD_iter=2), power
+
+
+def _powersgd_bytes(state, bucket) -> int:
+    """The bytes ``powerSGD_hook`` all-reduces for ``bucket`` at ``state``'s iteration (its rules)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+    buffer = bucket.buffer()
+    if state.iter < state.start_powerSGD_iter:
+        return buffer.numel() * buffer.element_size()
+    elements = 0
+    for gradient in bucket.gradients():
+        rows = gradient.shape[0] if gradient.ndim > 1 else 0
+        if rows and _should_compress(rows, gradient.numel() // rows, state.matrix_approximation_rank,
+                                     state.min_compression_rate)[0]:
+            elements += (rows + gradient.numel() // rows) * state.matrix_approximation_rank
+        else:
+            elements += gradient.numel()
+    return elements * buffer.element_size()
+
+
+class Communication(Part):
+    """The bytes this rank handed the gradient reductions (``comm/``): over the run, and per token
+    of the global batches; in a run of several ranks. scripts/comm_model.py projects from them."""
+
+    metric_keys = ("comm/",)
+
+    def __init__(self, run):
+        self.run = run
+
+    @classmethod
+    def build(cls, run) -> Communication | None:
+        return cls(run) if run.ctx.enabled else None
+
+    def measure(self, step) -> dict:
+        sent = self.run.layout.gradient_bytes
+        return {"comm/gradient_bytes": sent, "comm/gradient_bytes_per_token": sent / self.run.state.tokens}
 
 
 class AcrossReplicaGroups(DataParallel):
@@ -230,6 +314,7 @@ class AcrossReplicaGroups(DataParallel):
     def __init__(self, ctx: Distributed, replica_group: ReplicaGroup):
         super().__init__(ctx, replica_group)
         self.replicate = dist.group.WORLD if ctx.enabled else None
+        self.sync_bytes = 0  # (within the group: counted by the hook below)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         # DDP over a dummy group (nothing broadcast: the weights start equal by the seed, or from a
@@ -250,6 +335,7 @@ def _mean_across_groups(layout, bucket):
     ``from __future__ import annotations`` would make strings.)"""
     buffer = bucket.buffer()
     if layout.replicate is not None:
+        layout.gradient_bytes += buffer.numel() * buffer.element_size()
         dist.all_reduce(buffer, group=layout.replicate)
         buffer /= layout.ctx.world_size
     return layout.replica_group.allreduce(buffer)
@@ -263,8 +349,8 @@ class FullyShardedDataParallel(Layout):
     strategy = "fsdp"
     shards_parameters = True
 
-    def __init__(self, ctx: Distributed, replica_group: ReplicaGroup | None = None):
-        super().__init__(ctx, replica_group)
+    def __init__(self, ctx: Distributed, *args, **kwargs):
+        super().__init__(ctx, *args, **kwargs)
         self.shard = dist.group.WORLD
 
     def shard_model(self, model: GPT, param_dtype: torch.dtype) -> None:
@@ -280,8 +366,13 @@ class FullyShardedDataParallel(Layout):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
 
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.sync_bytes = _gradient_bytes(model)  # (what a rank hands the reduce-scatter: the whole gradient)
+        return model
+
     def gradient_sync(self, train_model: nn.Module, sync: bool):
         train_model.set_requires_gradient_sync(sync)  # FSDP2's
+        self.gradient_bytes += self.sync_bytes if sync else 0
         return nullcontext()
 
     def plain_model(self, model: GPT, on_every_rank: bool = False) -> GPT | None:

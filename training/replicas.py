@@ -184,6 +184,8 @@ class ReplicaGroups(Part):
 
     def after_update(self, step: Step) -> None:
         if self.local_steps and step.number % self.local_steps == 0:  # (the optimizer's step met the others)
+            # torchft's local_sgd all-reduces every parameter (DiLoCo: its pseudo-gradient) once a meeting.
+            self.group.bytes_allreduced += sum(p.numel() * p.element_size() for p in self.run.model.parameters())
             committed = self.group.manager.current_step() > self.meetings
             self.meetings = self.group.manager.current_step()
             self._count(step.number, committed, own_share=self.config.local_method == "localsgd", steps=self.local_steps)
