@@ -5,13 +5,17 @@ their checkpoints resume elsewhere (FSDP2's DCP folder on one process, ZeRO-1's 
 with zero_stage=0), each rank's memory is in the metrics, and the combinations that cannot work
 are refused with their fix. (The optimizers themselves under ZeRO-1 and FSDP2, and DCP checkpoints
 across 4, 2 and 1 ranks: tests/test_sharded.py.)"""
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from eval.samples import write_fixtures
-from helpers import TINY_RUN, read_metrics, run_train, train_here
+from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
+from model import GPT, GPTConfig
 from training.checkpoint import CHECKPOINT_NAME
 from training.parallel import load_model
 
@@ -216,3 +220,26 @@ def test_a_communication_hook_sends_what_it_says_and_trains_as_ddp_does_within_i
     assert_same_parameters(bf16, exact, "bf16", rel=2 ** -7)
     losses = [r["train/loss"] for r in read_metrics(tmp_path / "hook_powersgd") if "train/loss" in r]
     assert losses[-1] < losses[0]
+
+
+def test_the_comm_model_projects_as_computed_by_hand_and_from_a_measured_run(runs, tmp_path):
+    out = tmp_path / "comm.json"
+    printed = subprocess.run([sys.executable, "-m", "scripts.comm_model", "--json", str(out), "--measured",
+                              str(runs["ddp"][0])], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.read_text())
+    # GPT-2 Small, 8 groups of 8 GPUs at 989 TFLOP/s and 40% MFU, 512 sequences of 1024 a step; DDP over
+    # 1 Gbit/s with 10 ms latency: a ring all-reduce of the float32 gradient, 2 x 7/8 of it, 14 latencies.
+    with torch.device("meta"):
+        small = GPT(GPTConfig.preset("gpt2"))
+    parameters = sum(p.numel() for p in small.parameters())
+    compute = small.flops_per_token() * 512 * 1024 / 8 / (8 * 989e12 * 0.4)
+    comm = 2 * 7 / 8 * 4 * parameters * 8 / 1e9 + 14 * 0.01
+    cell = result["models"]["GPT-2 Small"]["methods"]["DDP"]["1 Gbit/s cross-DC"]
+    assert cell["step_s"] == pytest.approx(compute + comm, rel=1e-12)
+    assert cell["computing"] == pytest.approx(compute / (compute + comm), rel=1e-12)
+    diloco = result["models"]["GPT-2 Small"]["methods"]["DiLoCo H=100"]["1 Gbit/s cross-DC"]
+    assert diloco["comm_s"] == pytest.approx(comm / 100, rel=1e-12)  # (the same bytes, once in 100 steps)
+    assert f"{(compute + comm) * 1e3:.1f}" in printed
+    # The measured run: its bytes a step are what it logged (the whole float32 gradient a step).
+    logged = metrics(runs["ddp"][0])
+    assert result["measured"]["bytes_per_step"] == logged[(4, "comm/gradient_bytes")] / 4
