@@ -23,7 +23,9 @@ batches 512, 1k, 2k, 4k, 6k, 8k sequences of 256 tokens (``llama_350m_merit_b4k.
 Llama-130M at 1k and Llama-350M at 4k among them); and, beside the MERIT paper's, the small-batch end
 as Marek et al. 2025 ran it ("Small Batch Size Training for Language Models"), GPT-2 Small with the
 authors' tuned settings: SGD, Adafactor and AdamW at batch 1 and AdamW at batch 512
-(``gpt2_small_{sgd,adafactor,adamw}_marek_b1.py``, ``gpt2_small_adamw_marek_b512.py``). Each file
+(``gpt2_small_{sgd,adafactor,adamw}_marek_b1.py``, ``gpt2_small_adamw_marek_b512.py``); and local steps
+beside the large batch, DiLoCo (Douillard et al. 2023) with 8 replica groups for GPT-2 Small and Medium,
+AdamW and MERIT inside, meeting every 100 and 500 steps (``gpt2_small_merit_diloco_h500_b1k.py``). Each file
 inherits its model's base config (configs/gpt2_*_owt.py, configs/llama_*_c4.py) and sets only what
 differs, so a user opens, edits or copies one point.
 
@@ -124,6 +126,13 @@ chose, it says so):
   1M tokens (1,000 steps: the authors' train-loss interval) and validate and checkpoint every 100M
   tokens (100,000 steps: 24 validations of 4M tokens, 4% of the training tokens), this project's
   choice; the authors validate once, at the end, on 20M tokens.
+* the DiLoCo points, on configs/gpt2_{small,medium}_owt.py: the paper's setting of 8 replica groups
+  (``replica_groups = 8``, one SLURM array task each: ``scripts/slurm/train.sbatch``), the global
+  batch 1k split 128 a group (16 / 8 sequences a GPU: x 8 GPUs a group), the inner optimizer at its
+  published batch-480 lr (as the paper's points; grid-search it), the outer SGD with Nesterov
+  momentum at DiLoCo's published lr 0.7 and momentum 0.9, meetings every H = 500 steps (the paper's)
+  and 100; the 20 tokens per parameter rounded down to whole rounds of H steps (``max_steps``: a
+  run's last steps must meet).
 """
 import argparse
 import sys
@@ -173,6 +182,9 @@ CBS_MULTIPLIERS = "0.25,0.5,1,2,4,8,16"
 CBS_BRANCH_TOKENS = 4 * 16 * 480 * 1024  # 4 steps of the largest branch (k = 16)
 CBS_SCALED_DECAYS = {"muon": "momentum,beta1,beta2"}  # the others: beta1,beta2
 RAMP_OPTIMIZERS = ("adamw", "merit")
+DILOCO_GROUPS = 8  # Douillard et al. 2023's replicas
+DILOCO_H = (100, 500)  # inner steps between meetings: the paper's 500, and 100
+DILOCO_OUTER = (0.7, 0.9)  # the outer SGD's lr and Nesterov momentum, the paper's
 RAMP = [(0, 768), (2_400_000_000, 1536), (7_200_000_000, 3072), (16_800_000_000, 6144)]
 WARMUP_FRACTION = 0.02
 WARMUP_FLOOR = 30
@@ -254,6 +266,11 @@ def points() -> dict[str, dict]:
                 if optimizer in LLAMA_PUBLISHED.get((size, label), {}):
                     point["published_loss"] = LLAMA_PUBLISHED[size, label][optimizer]
                 out[f"llama_{size}_{optimizer}_b{label}"] = point
+    for size in ("small", "medium"):
+        for optimizer in ("adamw", "merit"):
+            for h in DILOCO_H:
+                out[f"gpt2_{size}_{optimizer}_diloco_h{h}_b1k"] = {**out[f"gpt2_{size}_{optimizer}_b1k"],
+                                                                   "family": "diloco", "local_steps": h}
     for optimizer, batch, lr, settings in MAREK:
         out[f"gpt2_small_{optimizer}_marek_b{batch}"] = {
             "base": MODELS["small"][0], "family": "marek", "optimizer": optimizer, "batch": batch,
@@ -271,6 +288,8 @@ def render(stem: str, point: dict) -> str:
         return render_llama(stem, point)
     if point["family"] == "marek":
         return render_marek(stem, point)
+    if point["family"] == "diloco":
+        return render_diloco(stem, point)
     tokens = point["tokens"]
     what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
     if "ablation" in point:
@@ -359,6 +378,37 @@ def render_llama(stem: str, point: dict) -> str:
     if point["optimizer"] != "adamw":
         lines += ["beta2 = None  # its published value (the base config's 0.999 is AdamW's)",
                   "weight_decay = None  # its published value (the base config's 0 is AdamW's)"]
+    return "\n".join(lines) + "\n"
+
+
+def render_diloco(stem: str, point: dict) -> str:
+    """A DiLoCo point's file (the module docstring says why each value)."""
+    h, batch = point["local_steps"], point["batch"]
+    steps = point["tokens"] // (batch * BLOCK) // h * h
+    lines = [f"# Local steps beside the MERIT paper's study: GPT-2 {point['size'].capitalize()}, DiLoCo with "
+             f"{point['optimizer']} inside, {DILOCO_GROUPS} replica groups",
+             f"# meeting every {h} steps, global batch {batch} x 1024 tokens ({batch // DILOCO_GROUPS} a group).",
+             "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
+             "# torchft_lighthouse --min_replicas 1 --join_timeout_ms 60000 &   (on a host every group reaches), then",
+             f"# TORCHFT_LIGHTHOUSE=http://HOST:29510 sbatch --array=0-{DILOCO_GROUPS - 1} --nodes=1 "
+             f"scripts/slurm/train.sbatch configs/paper/{stem}.py",
+             f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
+             "",
+             f'run_name = "{stem}"',
+             f'optimizer = "{point["optimizer"]}"',
+             f"batch_size = {batch}",
+             f"micro_batch_size = {point['micro']}  # x 8 GPUs a group x {DILOCO_GROUPS} groups divides batch_size",
+             f"replica_groups = {DILOCO_GROUPS}",
+             f"local_steps = {h}",
+             'local_method = "diloco"',
+             f"outer_lr = {DILOCO_OUTER[0]}  # Douillard et al. 2023's",
+             f"outer_momentum = {DILOCO_OUTER[1]}  # Nesterov, theirs",
+             "max_tokens = 0",
+             f"max_steps = {steps:_}  # {TOKENS_PER_PARAMETER} tokens per parameter in whole rounds of {h} steps",
+             f"warmup_steps = {warmup_steps(point['tokens'], batch):_}  # {WARMUP_FRACTION:.0%} of the steps, "
+             f"at least {WARMUP_FLOOR}",
+             f"lr = {point['lr']:g}  # the inner optimizer's, published for batch 480; grid-search it",
+             f"min_lr = {point['min_lr']:g}"]
     return "\n".join(lines) + "\n"
 
 

@@ -18,8 +18,9 @@ from training.run_config import resolve_config
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
 MAREK_FILES = [path for path in FILES if "_marek_" in path.stem]
-GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family) and path not in MAREK_FILES]
-                           for family in ("gpt2_", "llama_"))
+DILOCO_FILES = [path for path in FILES if "_diloco_" in path.stem]
+GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family)
+                            and path not in MAREK_FILES + DILOCO_FILES] for family in ("gpt2_", "llama_"))
 NAME = re.compile(r"gpt2_(small|medium|large)_(adamw_schedulefree|adamw|lamb|merit|lion|sophiag|muon|muonclip|"
                   r"ademamix|mars|soap|dmuon)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
 
@@ -83,7 +84,8 @@ def test_the_files_are_what_the_generator_writes():
     # And Marek et al.'s four.
     assert len(GPT2_FILES) == 3 * 12 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 + 6 and len(LLAMA_FILES) == 2 * 4 * 6
     assert sorted(MAREK_NAME.fullmatch(path.stem).groups() for path in MAREK_FILES) == sorted(MAREK)
-    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) + len(MAREK_FILES)
+    assert len(DILOCO_FILES) == 2 * 2 * 2  # GPT-2 Small and Medium x AdamW and MERIT x H = 100, 500
+    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) + len(MAREK_FILES) + len(DILOCO_FILES)
     assert f"{len(FILES)} files, as written" in result.stdout
 
 
@@ -236,3 +238,21 @@ def test_every_marek_point_resolves_to_the_authors_settings(path):
     with torch.device("meta"):
         model = GPT(model_config)
     assert abs(model.num_params(non_embedding=False) / PARAMETERS["small"] - 1) < 0.01
+
+
+@pytest.mark.parametrize("path", DILOCO_FILES, ids=lambda p: p.stem)
+def test_every_diloco_point_is_the_papers_setting_beside_the_study(path):
+    """DiLoCo (Douillard et al. 2023): 8 replica groups, an outer SGD with Nesterov momentum at lr 0.7 and
+    momentum 0.9, meetings every H steps; the study's batch 1k, 128 a group, on 8 GPUs a group; the inner
+    optimizer at its published batch-480 lr; 20 tokens per parameter in whole rounds of H steps."""
+    size, optimizer, h = re.fullmatch(r"gpt2_(small|medium)_(adamw|merit)_diloco_h(100|500)_b1k", path.stem).groups()
+    config = load_config(path, [])
+    resolve_config(config)
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, 1024)
+    assert (config.replica_groups, config.local_steps, config.local_method) == (8, int(h), "diloco")
+    assert (config.outer_lr, config.outer_momentum) == (0.7, 0.9)
+    assert config.lr == PEAK_LR[optimizer][list(PARAMETERS).index(size)]
+    rounds = int(20 * PARAMETERS[size]) // (1024 * 1024) // int(h)
+    assert config.max_tokens == 0 and config.max_steps == rounds * int(h) and rounds >= 4
+    BatchSchedule.of(config, 1024).check_divisible(config.micro_batch_size, 8 * 8)  # 8 GPUs x 8 groups
+    assert "sbatch --array=0-7" in path.read_text()
