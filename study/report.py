@@ -149,6 +149,17 @@ def unfinished_note(study: Study) -> str | None:
                                            for r in unfinished) + ".")
 
 
+def effective_batch_note(study: Study) -> str | None:
+    """The runs whose steps averaged fewer sequences than their batch (replica groups that trained
+    without some groups for some steps): their points compare at a smaller batch than they say."""
+    short = [r for r in study.runs if r.effective_batch < r.batch_size]
+    if not short:
+        return None
+    return ("Trained part of the way without some of their replica groups (the mean sequences their steps "
+            "averaged, docs/scaling_out.md): " + ", ".join(f"{study.label(r)} batch {r.batch_size} lr {r.lr:g} seed "
+                                                          f"{r.seed}: {r.effective_batch:.1f}" for r in short) + ".")
+
+
 def max_logit_table(study: Study, best: dict) -> str:
     """Per point, batch and every lr of its grid (the selected one marked), each layer's max
     attention logit: its peak over training / its final value, means over the seeds (a diverged
@@ -577,7 +588,8 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
             sections += [f"## Against {optimizer} ({report_on})", comparison]
     if reaches_one_sequence(runs) if small_batch is None else small_batch:
         sections += small_batch_sections(study, best, report_on)
-    sections += ["## Every lr of the grid", grid_table(study), *filter(None, [unfinished_note(study)]),
+    sections += ["## Every lr of the grid", grid_table(study),
+                 *filter(None, [unfinished_note(study), effective_batch_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
                  max_logit_table(study, best)]
     cures = logit_cure_table(study, best)

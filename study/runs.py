@@ -122,6 +122,14 @@ class Run:
         return self.config["batch_size"]
 
     @property
+    def effective_batch(self) -> float:
+        """The sequences its steps averaged, over the run: its batch, but for a replica group
+        (training/replicas.py) that trained some steps without some groups, the batch times the
+        share of its tokens whose gradients reached its weights."""
+        trained, lost = self.final("replicas/tokens_trained"), self.final("replicas/tokens_lost")
+        return self.batch_size * trained / (trained + lost) if trained is not None and trained + lost else self.batch_size
+
+    @property
     def lr(self) -> float:
         return self.config["lr"]
 

@@ -196,6 +196,20 @@ def test_an_lr_with_a_diverged_seed_is_never_selected(tmp_path):
     assert "| adamw | 4 | 0.01 | 1.500 | 1 of 2 |" in text
 
 
+def test_a_replica_run_that_lost_a_group_reads_as_its_effective_batch(tmp_path):
+    """A replica group's run whose last record says 3/4 of its tokens reached its weights (a group gone
+    for part of the run) averaged 0.75 x its batch of 16; one whose record lost none is its batch."""
+    for name, lost in (("whole", 0), ("short", 1)):
+        write_run(tmp_path / name, "adamw", 16, 1e-3, 0 if name == "whole" else 1, 2.0)
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        records[-1].update({"replicas/tokens_trained": records[-1]["tokens"] * (4 - lost) // 4,
+                            "replicas/tokens_lost": records[-1]["tokens"] * lost // 4})
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    runs = {run.name: run for run in find_runs([tmp_path])}
+    assert (runs["whole"].effective_batch, runs["short"].effective_batch) == (16, 12.0)
+    assert "adamw batch 16 lr 0.001 seed 1: 12.0." in report(list(runs.values()), target=None)
+
+
 def test_a_merit_ablation_is_never_merit(study):
     best = Study(find_runs([study])).best()
     assert {label for label, _ in best} == {"adamw", "merit", "merit (maxLAMB)"}
