@@ -240,6 +240,8 @@ def test_the_comm_model_projects_as_computed_by_hand_and_from_a_measured_run(run
     diloco = result["models"]["GPT-2 Small"]["methods"]["DiLoCo H=100"]["1 Gbit/s cross-DC"]
     assert diloco["comm_s"] == pytest.approx(comm / 100, rel=1e-12)  # (the same bytes, once in 100 steps)
     assert f"{(compute + comm) * 1e3:.1f}" in printed
+    # docs/scaling_out.md shows this output (the models' tables, before the measured run's).
+    assert printed.split("\nmeasured (")[0].strip() in (ROOT / "docs" / "scaling_out.md").read_text()
     # The measured run: its bytes a step are what it logged (the whole float32 gradient a step).
     logged = metrics(runs["ddp"][0])
     assert result["measured"]["bytes_per_step"] == logged[(4, "comm/gradient_bytes")] / 4
