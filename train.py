@@ -76,7 +76,7 @@ class Trainer:
             zero_redundancy=self.layout.zero_redundancy)
         self.batches = BatchPlan(config, block, self.optimizer, self.layout.data_ranks)  # what follows the batch
         self.batches.follow(schedule)  # (the run's length; the first step's accumulation and decays)
-        torch.manual_seed(config.seed + self.ctx.rank)  # each rank its own dropout noise
+        torch.manual_seed(config.seed + self.layout.data_rank)  # each rank its own dropout noise
         # Every loader checks the shards' tokens against the tokenizer and cuts its sequences alike.
         self.loader_options = dict(align_documents=config.align_documents, eot_token=self.tokenizer.eot_token,
                                    vocab_size=self.tokenizer.n_vocab)

@@ -348,6 +348,12 @@ class TrainConfig:
         _check(not (self.local_steps and self.optimizer == "adamw_schedulefree"), "local_steps with optimizer="
                "'adamw_schedulefree': its evaluated weights x are optimizer state, which the groups would not meet "
                "on; use replica groups without local_steps, or another optimizer")
+        _check(self.local_steps or self.qk_clip_tau is None, "qk_clip_tau with replica groups averaging every "
+               "step: each group would clip its heads by its own batch's logits, and the groups' weights, equal "
+               "after every step, would part; set local_steps, or leave qk_clip_tau unset")
+        _check(not (self.local_steps and self.dtype == "float16"), "local_steps with dtype='float16': the "
+               "GradScaler skips an overflowed step's optimizer.step, by which torchft's local methods count the "
+               "steps to the next meeting, so the groups would meet at different steps; use 'bfloat16' or 'float32'")
         _check(not self.batch_schedule, "replica_groups with a batch_schedule: the groups would change their "
                "accumulation at a step a rejoining group may not know; use one batch_size")
 

@@ -69,6 +69,15 @@ CASES = {
                      r"local_method='easgd': use 'diloco' or 'localsgd'"),
     "replica groups sharded": (["--replica_groups=2", "--fsdp"], r"replica_groups with fsdp or zero_stage=1: .*use "
                                                                  r"DDP inside each group"),
+    "schedule-free with local steps": (["--replica_groups=2", "--local_steps=5", "--optimizer=adamw_schedulefree",
+                                        "--lr_schedule=constant"], r"local_steps with optimizer='adamw_schedulefree': "
+                                                                   r"its evaluated weights x are optimizer state"),
+    "replica groups with a batch schedule": (["--replica_groups=2", "--batch_schedule=[(0, 2), (1000, 4)]"],
+                                             r"replica_groups with a batch_schedule: .*use one batch_size"),
+    "qk-clip across groups": (["--replica_groups=2", "--qk_clip_tau=10"], r"qk_clip_tau with replica groups "
+                              r"averaging every step: .*set local_steps, or leave qk_clip_tau unset"),
+    "float16 local steps": (["--replica_groups=2", "--local_steps=5", "--dtype=float16"], r"local_steps with "
+                            r"dtype='float16': .*use 'bfloat16' or 'float32'"),
     "no lighthouse": (["--replica_groups=2"], r"replica_groups=2 needs the lighthouse's address: pass "
                                               r"--lighthouse=http://HOST:PORT .*or set TORCHFT_LIGHTHOUSE"),
     "comm hook": (["--comm_hook=fp8"], r"comm_hook='fp8': use '' \(the exact mean\), 'bf16' or 'powersgd'"),

@@ -25,7 +25,9 @@ CURES, SMALL = "docs/mini_study/llama_cures.tar.xz", "docs/mini_study/small_batc
 HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL}  # their lrs chosen on val/loss, their tables read on heldout/loss
 # Each study's page and the archives its tables come from.
 STUDY_PAGES = {"default_job.md": {DEMO, DIVERGE}, "batch_axis.md": {MINI, SMALL}, "benchmark.md": {BENCHMARK},
-               "critical_batch.md": {CBS}, "cures.md": {CURES}}
+               "critical_batch.md": {CBS}, "cures.md": {CURES}, "local_steps.md": set()}
+# The local-steps study's own report (scripts/replica_study.py), its tables a section an optimizer.
+REPLICA_REPORT = ROOT / "docs" / "replica_study" / "report.md"
 BATCHES = ("8", "32", "128", "512")
 
 
@@ -180,6 +182,7 @@ def test_the_results_index_reaches_every_study_page_and_the_links_resolve():
 
 def test_each_study_page_opens_with_what_it_found_naming_its_tables():
     sections = {section.removeprefix("## ") for *_, section, _ in blocks()}
+    sections |= set(re.findall(r"^## (.+)$", REPLICA_REPORT.read_text(), re.M))
     for page in STUDY_PAGES:
         lines = [line for line in (RESULTS / page).read_text().splitlines() if line]
         assert lines[0].startswith("# "), page
@@ -528,3 +531,50 @@ def test_the_cures_findings():
          f"none larger than {std:.3f}")
     says(index_line("The logit cures"), f"within {max(float(lost('adamw + qk_norm')), float(lost(clip))):.3f} of their "
                                         "best, the other four points' {} to {} above".format(*extremes(others)))
+
+
+def test_the_local_steps_findings():
+    """docs/results/local_steps.md's tables are scripts/replica_study.py's report's (its committed
+    report.md, which tests/test_replicas.py regenerates from the archive), and its findings' numbers
+    are their cells."""
+    report_text, page = REPLICA_REPORT.read_text(), (RESULTS / "local_steps.md").read_text()
+    tables = {}
+    for optimizer in ("adamw", "merit"):
+        table = first_table(report_text, f"## {optimizer}")
+        assert table == first_table(page, f"## {optimizer}"), optimizer
+        tables[optimizer] = {row["method"]: row for row in parse_table(table)}
+    local, diloco, large, merit = findings("local_steps.md")
+
+    def versus(optimizer, method, whole=True):
+        cell = tables[optimizer][method]["vs dp_b32"]
+        return cell if whole else cell.split()[0]
+
+    def includes_zero(cell):
+        center, half = re.fullmatch(r"([-+][\d.]+) \[±([\d.]+)\]", cell).groups()
+        return abs(float(center)) <= float(half)
+
+    says(local, *(versus(o, m) for m in ("localsgd_h10", "localsgd_h50") for o in ("adamw", "merit")))
+    assert all(includes_zero(versus("adamw", m)) for m in ("localsgd_h10", "localsgd_h50"))
+    assert not any(includes_zero(versus("merit", m)) for m in ("localsgd_h10", "localsgd_h50"))
+    lowest = {o: min(tables[o], key=lambda m: float(tables[o][m]["heldout/loss"].split()[0])) for o in tables}
+    assert lowest == {"adamw": "dp_b32", "merit": "dp_b32"}
+    says(diloco, *(versus(o, m) for o in ("adamw", "merit") for m in ("diloco_h10", "diloco_h50")))
+    # The local methods against the large batch at the same all-reduces: 50 (H = 10, 10 x B), 10 (H = 50, 50 x B).
+    for h, batch in (("10", "320"), ("50", "1600")):
+        for o in tables:
+            assert tables[o][f"dp_b{batch}"]["all-reduces"] == tables[o][f"localsgd_h{h}"]["all-reduces"]
+            says(large, versus(o, f"dp_b{batch}"), versus(o, f"localsgd_h{h}", whole=False))
+            assert "(edge)" not in tables[o][f"dp_b{batch}"]["lr (grid)"]
+    # MERIT against AdamW at each local point: the means' differences, the intervals overlapping.
+    for method in ("localsgd_h10", "localsgd_h50", "diloco_h10", "diloco_h50"):
+        cells = [re.fullmatch(r"([\d.]+) \[±([\d.]+)\]", tables[o][method]["heldout/loss"]).groups()
+                 for o in ("adamw", "merit")]
+        (a, a_half), (m, m_half) = [(float(c), float(h)) for c, h in cells]
+        assert abs(m - a) <= a_half + m_half, method
+        says(merit, f"{abs(m - a):.4f} {'below' if m < a else 'above'}")
+    line = index_line("Local steps against the large batch")
+    local_cells = [versus(o, m, False) for o in tables for m in ("localsgd_h10", "localsgd_h50")]
+    diloco_cells = [versus(o, m, False) for o in tables for m in ("diloco_h10", "diloco_h50")]
+    large_cells = [versus(o, m, False) for o in tables for m in ("dp_b320", "dp_b1600")]
+    says(line, "LocalSGD ends {} to {}".format(*extremes(local_cells)), "DiLoCo {} to {}".format(
+        *extremes(diloco_cells)), "the large batches with as many all-reduces {} to {}".format(*extremes(large_cells)))

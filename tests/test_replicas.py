@@ -8,9 +8,11 @@
   training at the same global batch (a one-process run, a second code path).
 - DiLoCo's outer step is a hand computation (float64) from the groups' own weights before each
   meeting: the mean pseudo-gradient through SGD with Nesterov momentum.
-- A whole-job restart in the middle of a DiLoCo round resumes bitwise.
+- A whole-job restart resumes bitwise: in the middle of a DiLoCo round, and averaging every step
+  with Sophia-G (its Hessian pass's gradient averaged across the groups too).
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,14 +168,35 @@ def test_diloco_outer_step_is_the_mean_pseudo_gradient_through_nesterov_sgd(byte
             assert_close(load(g, f"after_{meeting}"), met, f"group {g} after meeting {meeting}")
 
 
-def test_a_whole_job_restart_mid_round_resumes_diloco_bitwise(byte_shards, tmp_path, lighthouse):
-    args = group_args(byte_shards, tmp_path, lighthouse, "--optimizer=adamw", "--max_steps=8", "--local_steps=4",
-                      "--outer_momentum=0.9")
+@pytest.mark.parametrize("mode", [("--optimizer=adamw", "--local_steps=4"), ("--optimizer=sophiag",)],
+                         ids=["diloco_mid_round", "every_step_sophiag"])
+def test_a_whole_job_restart_resumes_bitwise(byte_shards, tmp_path, lighthouse, mode):
+    """Both groups stopped at step 6 (DiLoCo: 2 steps into its second round of 4) and resumed from
+    their checkpoints end as an uninterrupted run does, bitwise, their managers' state too. Sophia-G
+    averaging every step, its Hessian pass every 2 steps (``hessian_interval``): the pass's gradient
+    is averaged across the groups as a step's is, so the groups' weights stay equal."""
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=8", *mode,
+                      *(("--optimizer_options={'hessian_interval': 2}",) if "--optimizer=sophiag" in mode else ()))
     run_groups([*args, "--run_name=whole"], tmp_path / "whole")
-    run_groups([*args, "--run_name=halves", "--stop_at_step=6"], tmp_path / "first")  # (2 steps into round 2)
+    run_groups([*args, "--run_name=halves", "--stop_at_step=6"], tmp_path / "first")
     run_groups([*args, "--run_name=halves", "--resume"], tmp_path / "second")
+    meetings = 2 if "--local_steps=4" in mode else 8
     for group in range(2):
         whole, halves = (checkpoint(tmp_path / name / f"replica_{group}") for name in ("whole", "halves"))
         assert all(torch.equal(value, halves["model"][key]) for key, value in whole["model"].items())
         assert whole["parts"]["replica_groups"]["manager"] == halves["parts"]["replica_groups"]["manager"] == {
-            "step": 2, "batches_committed": 4}
+            "step": meetings, "batches_committed": 2 * meetings}
+    if meetings == 8:  # (every step: the groups' weights are equal after each)
+        groups = [checkpoint(tmp_path / "whole" / f"replica_{group}")["model"] for group in range(2)]
+        assert all(torch.equal(value, groups[1][key]) for key, value in groups[0].items())
+
+
+def test_the_local_steps_study_s_report_and_figures_come_again_from_its_archive(tmp_path):
+    """scripts/replica_study.py --report: the committed report.md (docs/results/local_steps.md's
+    tables, held there by test_doc_numbers) from the committed archive alone, and both figures."""
+    committed = ROOT / "docs" / "replica_study"
+    shutil.copy(committed / "runs.tar.xz", tmp_path / "runs.tar.xz")
+    subprocess.run([sys.executable, "-m", "scripts.replica_study", "--report", str(tmp_path / "runs.tar.xz")], cwd=ROOT,
+                   check=True, capture_output=True)
+    assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
+    assert {p.name for p in (tmp_path / "figures").iterdir()} == {"loss_vs_tokens.png", "loss_vs_bytes.png"}

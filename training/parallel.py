@@ -245,8 +245,8 @@ def _communication_hook(layout: DataParallel) -> tuple:
 
     - "bf16": each rank's gradient rounded to bfloat16 (8 significant bits), divided by the ranks
       and summed in bfloat16, then widened again: the mean to about 2^-8 of each element.
-    - "powersgd": Vogels et al. 2019 at rank ``powersgd_rank``, from the second step on (the first
-      two all-reduce exactly: torch's minimum start with error feedback): each matrix gradient (as
+    - "powersgd": Vogels et al. 2019 at rank ``powersgd_rank``, from the third step on (the first
+      two all-reduce exactly: torch's earliest start with error feedback): each matrix gradient (as
       rows x the rest) that compresses by more than 2x is all-reduced as two rank-r factors P and Q,
       the rest exactly; the approximation's error is added to the next step's gradient (error
       feedback), so no step applies the mean gradient, and a resume starts the feedback afresh.

@@ -39,9 +39,11 @@ meeting), so a whole-job restart resumes bitwise, also in the middle of a round.
 
 Where an inner optimizer or part needs care: Sophia-G's extra pass averages its gradient across
 the groups like a step's (``local_steps=0``) or stays within the group (local steps); QK-Clip clips
-each group's weights after its own steps, before a meeting (its clip is local, like the update);
+each group's weights after its own steps with local steps (local, like the update), and is refused
+averaging every step (each group's own batch would clip its weights apart from the others');
 Schedule-Free AdamW's evaluated weights x are the optimizer's state, not the model's, and would not
-meet: refused with local steps, as are batch schedules and sharded layouts (configs/__init__.py).
+meet: refused with local steps, as are float16 with local steps (the GradScaler's skipped steps
+would shift the meetings), batch schedules and sharded layouts (configs/__init__.py).
 """
 from __future__ import annotations
 
@@ -220,7 +222,8 @@ class ReplicaGroups(Part):
     # --- state (checkpoints, and a joining group's) ---
     def state_dict(self) -> dict:
         state = {"manager": self.group.manager.state_dict(), "tokens_trained": self.tokens_trained,
-                 "tokens_lost": self.tokens_lost, "dropped": self.dropped}
+                 "tokens_lost": self.tokens_lost, "dropped": self.dropped,
+                 "bytes_allreduced": self.group.bytes_allreduced}
         if self.local is not None and hasattr(self.local, "_fragments"):
             fragment = self.local._fragments[0]
             state["local"] = {"outer_optimizer": fragment._outer_optimizer.state_dict(),
@@ -231,4 +234,5 @@ class ReplicaGroups(Part):
         self.group.manager.load_state_dict(state["manager"])
         self.tokens_trained, self.tokens_lost, self.dropped = (state["tokens_trained"], state["tokens_lost"],
                                                                state["dropped"])
+        self.group.bytes_allreduced = state["bytes_allreduced"]
         self.local_state = state.get("local")
