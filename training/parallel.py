@@ -7,6 +7,8 @@ single     one process                     whole
 ddp        replicated; DDP all-reduces     replicated
 zero1      replicated; DDP all-reduces     sharded by whole parameters (optim/zero.py)
 fsdp       sharded by rows (FSDP2)         sharded by rows, like its parameter (optim/sharding.py)
+replicas   replicated; DDP over the job's   replicated (one of several replica groups on torchft,
+           ranks, torchft across groups     training/replicas.py, averaging every step)
 =========  ==============================  =================================================
 
 ``Layout`` and its subclasses, one a strategy, are the one place that knows which: the training loop
