@@ -134,7 +134,8 @@ def main(argv=None):
         parser.error(f"--groups {args.groups}: the model is of the link between groups; use 2 or more")
     result = {"assumptions": {"groups": args.groups, "gpus_per_group": args.gpus_per_group, "batch": args.batch,
                               "mfu": args.mfu, "peak_flops": args.peak_flops, "powersgd_rank": args.powersgd_rank,
-                              "links": {name: {"bits_per_s": bw, "latency_s": lat} for name, (bw, lat) in LINKS.items()},
+                              "links": {name: {"bits_per_s": bandwidth, "latency_s": latency}
+                                        for name, (bandwidth, latency) in LINKS.items()},
                               "overlap": "none"},
               "models": {name: model_projection(preset, args) for name, preset in MODELS.items()}}
     print(f"{args.groups} replica groups x {args.gpus_per_group} GPUs at {args.peak_flops:.3g} FLOP/s and MFU "

@@ -72,7 +72,8 @@ def settings(optimizer: str, method: str, lr: float, seed: int, tokens: int) -> 
     batch, groups = METHODS[method]
     steps = tokens // (batch * BLOCK)
     return {**BASE, **OPTIMIZERS[optimizer][0], "data_dir": DATA, "max_steps": steps, "batch_size": batch,
-            "micro_batch_size": min(batch // (GROUPS if groups else 1), 64), "warmup_steps": min(max(5, round(0.05 * steps)), steps // 2),
+            "micro_batch_size": min(batch // (GROUPS if groups else 1), 64),
+            "warmup_steps": min(max(5, round(0.05 * steps)), steps // 2),
             "eval_interval": max(1, steps // 8), "log_interval": max(1, steps // 16), "lr": lr, "min_lr": lr / 10,
             "seed": seed, "data_seed": seed, **({"replica_groups": GROUPS, "replica_timeout": 600.0, **groups}
                                                 if groups else {})}
@@ -193,7 +194,7 @@ def report(points: dict[tuple[str, str], list[Run]], out: Path) -> str:
         if not rows:
             continue
         lines += [f"## {optimizer}", "",
-                  "| method | batch a step | steps | lr (grid) | seeds | " + REPORTED + " | vs dp_b32 | all-reduces | MB sent |",
+                  f"| method | batch a step | steps | lr (grid) | seeds | {REPORTED} | vs dp_b32 | all-reduces | MB sent |",
                   "|---|---|---|---|---|---|---|---|---|"]
         reference = [r for r in dict(rows).get("dp_b32", []) if r.lr == best(dict(rows)["dp_b32"]).lr] \
             if "dp_b32" in dict(rows) else []

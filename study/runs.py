@@ -127,7 +127,9 @@ class Run:
         (training/replicas.py) that trained some steps without some groups, the batch times the
         share of its tokens whose gradients reached its weights."""
         trained, lost = self.final("replicas/tokens_trained"), self.final("replicas/tokens_lost")
-        return self.batch_size * trained / (trained + lost) if trained is not None and trained + lost else self.batch_size
+        if trained is None or not trained + lost:
+            return self.batch_size
+        return self.batch_size * trained / (trained + lost)
 
     @property
     def lr(self) -> float:

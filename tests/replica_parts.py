@@ -21,13 +21,14 @@ class Pace(Part):
 
 
 class RecordWeights(Part):
-    """The model's weights in float64 (torch.save to RECORD_DIR): ``initial.pt`` when the run is
-    built; ``inner_<step>.pt`` after each inner optimizer step, before the local method's own hook
-    meets the other groups (its hook is registered at start, after this one); ``after_<step>.pt``
-    when the step is done (after the meeting, at a round's last step)."""
+    """The model's weights in float64 (torch.save to RECORD_DIR/replica_<id>): ``initial.pt`` when
+    the run is built; ``inner_<step>.pt`` after each inner optimizer step, before the local method's
+    own hook meets the other groups (its hook is registered at start, after this one);
+    ``after_<step>.pt`` when the step is done (after the meeting, at a round's last step)."""
 
     def __init__(self, run):
-        self.run, self.folder = run, Path(os.environ["RECORD_DIR"])
+        self.run, self.folder = run, Path(os.environ["RECORD_DIR"]) / f"replica_{run.config.replica_id}"
+        self.folder.mkdir(parents=True, exist_ok=True)
         self.save("initial")
         run.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: self.save(f"inner_{run.step + 1}"))
 

@@ -129,7 +129,8 @@ def assert_close(ours: dict, reference: dict, what: str) -> None:
         assert torch.allclose(ours[key], value, rtol=0, atol=2e-6 * scale), f"{what}: {key}"
 
 
-@pytest.mark.parametrize("mode", [("--local_steps=1", "--local_method=localsgd"), ()], ids=["localsgd_h1", "every_step"])
+@pytest.mark.parametrize("mode", [("--local_steps=1", "--local_method=localsgd"), ()],
+                         ids=["localsgd_h1", "every_step"])
 def test_localsgd_h1_and_averaging_every_step_are_data_parallel_training(byte_shards, tmp_path, lighthouse, mode):
     common = ["--optimizer=sgd", "--lr=0.5", "--grad_clip=0", "--max_steps=6", "--warmup_steps=2"]
     run_groups(group_args(byte_shards, tmp_path / "groups", lighthouse, *common, *mode), tmp_path)
@@ -141,18 +142,22 @@ def test_localsgd_h1_and_averaging_every_step_are_data_parallel_training(byte_sh
         assert_close(final_weights(tmp_path / "groups" / "run" / f"replica_{group}"), reference, f"group {group}")
 
 
-def test_diloco_outer_step_is_the_mean_pseudo_gradient_through_nesterov_sgd(byte_shards, tmp_path, lighthouse):
-    lr, momentum, local_steps = 0.7, 0.9, 2
-    args = group_args(byte_shards, tmp_path / "groups", lighthouse, "--optimizer=adamw", "--max_steps=4",
+def test_diloco_meets_as_computed_by_hand_and_a_restart_mid_round_resumes_bitwise(byte_shards, tmp_path, lighthouse):
+    """Each meeting's weights are the last meeting's minus 0.7 x the Nesterov step (momentum 0.9) of
+    the groups' mean pseudo-gradient, computed here in float64 from each group's own weights before
+    the meeting (tests/replica_parts.py records them). Both groups stopped at step 6, 2 steps into
+    the second round of 4, and resumed from their checkpoints end as the uninterrupted run, bitwise,
+    their managers' state too."""
+    lr, momentum, local_steps = 0.7, 0.9, 4
+    args = group_args(byte_shards, tmp_path, lighthouse, "--optimizer=adamw", "--max_steps=8",
                       f"--local_steps={local_steps}", "--extra_parts=tests.replica_parts:RecordWeights")
-    for group in range(2):
-        (tmp_path / f"record{group}").mkdir()
-    processes = [start(g, args, tmp_path / f"group{g}.log", RECORD_DIR=str(tmp_path / f"record{g}")) for g in range(2)]
-    for g, process in enumerate(processes):
-        finish(process, tmp_path / f"group{g}.log")
+    run_groups([*args, "--run_name=whole"], tmp_path / "whole", RECORD_DIR=str(tmp_path / "record"))
+    scratch = str(tmp_path / "scratch")  # (the interrupted run's records)
+    run_groups([*args, "--run_name=halves", "--stop_at_step=6"], tmp_path / "first", RECORD_DIR=scratch)
+    run_groups([*args, "--run_name=halves", "--resume"], tmp_path / "second", RECORD_DIR=scratch)
 
     def load(group: int, name: str) -> dict:
-        return torch.load(tmp_path / f"record{group}" / f"{name}.pt", weights_only=True)
+        return torch.load(tmp_path / "record" / f"replica_{group}" / f"{name}.pt", weights_only=True)
 
     met = load(0, "initial")  # (every group starts from the seed's weights)
     assert all(torch.equal(met[k], load(1, "initial")[k]) for k in met)
@@ -160,35 +165,37 @@ def test_diloco_outer_step_is_the_mean_pseudo_gradient_through_nesterov_sgd(byte
     for meeting in (local_steps, 2 * local_steps):
         # The groups trained apart since the last meeting: different weights.
         inner = [load(g, f"inner_{meeting}") for g in range(2)]
-        assert not torch.equal(inner[0]["transformer.h.0.attn.c_attn.weight"], inner[1]["transformer.h.0.attn.c_attn.weight"])
+        key = "transformer.h.0.attn.c_attn.weight"
+        assert not torch.equal(inner[0][key], inner[1][key])
         pseudo = {k: met[k] - (inner[0][k] + inner[1][k]) / 2 for k in met}
         buffers = pseudo if buffers is None else {k: momentum * buffers[k] + pseudo[k] for k in met}
         met = {k: met[k] - lr * (pseudo[k] + momentum * buffers[k]) for k in met}  # (Nesterov)
         for g in range(2):
             assert_close(load(g, f"after_{meeting}"), met, f"group {g} after meeting {meeting}")
-
-
-@pytest.mark.parametrize("mode", [("--optimizer=adamw", "--local_steps=4"), ("--optimizer=sophiag",)],
-                         ids=["diloco_mid_round", "every_step_sophiag"])
-def test_a_whole_job_restart_resumes_bitwise(byte_shards, tmp_path, lighthouse, mode):
-    """Both groups stopped at step 6 (DiLoCo: 2 steps into its second round of 4) and resumed from
-    their checkpoints end as an uninterrupted run does, bitwise, their managers' state too. Sophia-G
-    averaging every step, its Hessian pass every 2 steps (``hessian_interval``): the pass's gradient
-    is averaged across the groups as a step's is, so the groups' weights stay equal."""
-    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=8", *mode,
-                      *(("--optimizer_options={'hessian_interval': 2}",) if "--optimizer=sophiag" in mode else ()))
-    run_groups([*args, "--run_name=whole"], tmp_path / "whole")
-    run_groups([*args, "--run_name=halves", "--stop_at_step=6"], tmp_path / "first")
-    run_groups([*args, "--run_name=halves", "--resume"], tmp_path / "second")
-    meetings = 2 if "--local_steps=4" in mode else 8
     for group in range(2):
         whole, halves = (checkpoint(tmp_path / name / f"replica_{group}") for name in ("whole", "halves"))
         assert all(torch.equal(value, halves["model"][key]) for key, value in whole["model"].items())
         assert whole["parts"]["replica_groups"]["manager"] == halves["parts"]["replica_groups"]["manager"] == {
-            "step": meetings, "batches_committed": 2 * meetings}
-    if meetings == 8:  # (every step: the groups' weights are equal after each)
-        groups = [checkpoint(tmp_path / "whole" / f"replica_{group}")["model"] for group in range(2)]
-        assert all(torch.equal(value, groups[1][key]) for key, value in groups[0].items())
+            "step": 2, "batches_committed": 4}
+
+
+def test_averaging_every_step_resumes_bitwise_with_sophia_g_s_pass_across_the_groups(byte_shards, tmp_path,
+                                                                                      lighthouse):
+    """Both groups stopped at step 6 and resumed end as the uninterrupted run, bitwise, their
+    managers' state too; Sophia-G's Hessian pass every 2 steps (``hessian_interval``) averages its
+    gradient across the groups as a step's is, so the groups' weights stay equal."""
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=8", "--optimizer=sophiag",
+                      "--optimizer_options={'hessian_interval': 2}")
+    run_groups([*args, "--run_name=whole"], tmp_path / "whole")
+    run_groups([*args, "--run_name=halves", "--stop_at_step=6"], tmp_path / "first")
+    run_groups([*args, "--run_name=halves", "--resume"], tmp_path / "second")
+    for group in range(2):
+        whole, halves = (checkpoint(tmp_path / name / f"replica_{group}") for name in ("whole", "halves"))
+        assert all(torch.equal(value, halves["model"][key]) for key, value in whole["model"].items())
+        assert whole["parts"]["replica_groups"]["manager"] == halves["parts"]["replica_groups"]["manager"] == {
+            "step": 8, "batches_committed": 16}
+    groups = [checkpoint(tmp_path / "whole" / f"replica_{group}")["model"] for group in range(2)]
+    assert all(torch.equal(value, groups[1][key]) for key, value in groups[0].items())
 
 
 def test_the_local_steps_study_s_report_and_figures_come_again_from_its_archive(tmp_path):

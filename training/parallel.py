@@ -289,8 +289,11 @@ def _powersgd_bytes(state, bucket) -> int:
 
 class Communication(Part):
     """The bytes this rank handed the gradient reductions (``comm/``): over the run, and per token
-    of the global batches; in a run of several ranks. scripts/comm_model.py projects from them."""
+    of the global batches; in a run of several ranks. scripts/comm_model.py projects from them.
+    Checkpointed, so a resumed run counts on from the uninterrupted one's (every rank's count is
+    the same: the whole gradient a reduction)."""
 
+    name = "communication"
     metric_keys = ("comm/",)
 
     def __init__(self, run):
@@ -303,6 +306,12 @@ class Communication(Part):
     def measure(self, step) -> dict:
         sent = self.run.layout.gradient_bytes
         return {"comm/gradient_bytes": sent, "comm/gradient_bytes_per_token": sent / self.run.state.tokens}
+
+    def state_dict(self) -> dict:
+        return {"gradient_bytes": self.run.layout.gradient_bytes}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run.layout.gradient_bytes = state["gradient_bytes"]
 
 
 class AcrossReplicaGroups(DataParallel):

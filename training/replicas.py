@@ -190,7 +190,8 @@ class ReplicaGroups(Part):
             self.group.bytes_allreduced += sum(p.numel() * p.element_size() for p in self.run.model.parameters())
             committed = self.group.manager.current_step() > self.meetings
             self.meetings = self.group.manager.current_step()
-            self._count(step.number, committed, own_share=self.config.local_method == "localsgd", steps=self.local_steps)
+            self._count(step.number, committed, own_share=self.config.local_method == "localsgd",
+                        steps=self.local_steps)
 
     def after_step(self, step: Step) -> None:
         if not (self.local_steps or step.final):
