@@ -228,7 +228,7 @@ class TrainConfig:
     powersgd_rank: int = role("experiment", 1)  # PowerSGD's rank r: each matrix sent as (rows + columns) x r numbers
     peak_flops: float | None = role("bookkeeping", None)  # per device, for MFU; None: looked up from the GPU's name
     # --- replica groups past one cluster (torchft; training/replicas.py, docs/scaling_out.md) ---
-    # N: this run is one of N replica groups, each its own torchrun job (DDP inside) that splits the global
+    # N: this run is one of N replica groups, each its own torchrun job (DDP or FSDP2 inside) that splits the global
     # batch with the others and keeps training when another fails; 0: off (torchft never imported)
     replica_groups: int = role("experiment", 0)
     replica_id: int = role("bookkeeping", 0)  # this group's number, 0 .. replica_groups - 1 (its run folder's name)
@@ -343,8 +343,9 @@ class TrainConfig:
                                                             f"'localsgd'")
         _check(self.outer_lr > 0 and 0 <= self.outer_momentum < 1, f"outer_lr={self.outer_lr} must be > 0 and "
                f"outer_momentum={self.outer_momentum} lie in [0, 1)")
-        _check(not (self.fsdp or self.zero_stage), "replica_groups with fsdp or zero_stage=1: a group's sharded state "
-               "cannot be handed to a rejoining group here yet; use DDP inside each group (the default)")
+        _check(not self.zero_stage, "replica_groups with zero_stage=1: ZeRO-1's state is consolidated on one rank, "
+               "which a rejoining group's ranks would each need their share of; use DDP (the default) or fsdp=True "
+               "inside each group")
         _check(not (self.local_steps and self.optimizer == "adamw_schedulefree"), "local_steps with optimizer="
                "'adamw_schedulefree': its evaluated weights x are optimizer state, which the groups would not meet "
                "on; use replica groups without local_steps, or another optimizer")

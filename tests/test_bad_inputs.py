@@ -67,8 +67,8 @@ CASES = {
     "replica id": (["--replica_groups=2", "--replica_id=2"], r"replica_id=2 must lie in \[0, replica_groups=2\)"),
     "local method": (["--replica_groups=2", "--local_steps=5", "--local_method=easgd"],
                      r"local_method='easgd': use 'diloco' or 'localsgd'"),
-    "replica groups sharded": (["--replica_groups=2", "--fsdp"], r"replica_groups with fsdp or zero_stage=1: .*use "
-                                                                 r"DDP inside each group"),
+    "replica groups with zero-1": (["--replica_groups=2", "--zero_stage=1"], r"replica_groups with zero_stage=1: "
+                                                                         r".*use DDP \(the default\) or fsdp=True"),
     "schedule-free with local steps": (["--replica_groups=2", "--local_steps=5", "--optimizer=adamw_schedulefree",
                                         "--lr_schedule=constant"], r"local_steps with optimizer='adamw_schedulefree': "
                                                                    r"its evaluated weights x are optimizer state"),

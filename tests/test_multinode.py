@@ -21,6 +21,7 @@ import torch
 
 from helpers import ROOT, TINY, run_train, train_here
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+from training.parallel import load_model
 
 pytestmark = pytest.mark.slow  # torchrun agents, a fake SLURM, signals: real processes throughout
 
@@ -255,26 +256,66 @@ def test_usr1_saves_requeues_and_the_requeued_job_resumes_to_the_end(byte_shards
     assert len((tmp_path / "slurm.log").read_text().splitlines()) == 2  # nothing more signalled or requeued
 
 
-def test_an_array_job_is_replica_groups_of_two_nodes_each(byte_shards, tmp_path, lighthouse):
+def array_task(tmp_path: Path, task: int, lighthouse: str) -> dict:
+    """The environment of task ``task`` of a 2-task array job (its own fake SLURM, job id and port)."""
+    (tmp_path / f"task{task}").mkdir(exist_ok=True)
+    return {**fake_slurm(tmp_path / f"task{task}"), "SLURM_JOB_ID": str(4300 + task), "SLURM_ARRAY_TASK_ID": str(task),
+            "SLURM_ARRAY_TASK_COUNT": "2", "TORCHFT_LIGHTHOUSE": lighthouse}
+
+
+@pytest.mark.parametrize("layout", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_an_array_job_is_replica_groups_of_two_nodes_each(byte_shards, tmp_path, lighthouse, layout):
     """Submitted as an array, each task is one replica group (torchft): here 2 groups of 2 one-rank
-    nodes, DDP inside each group and torchft's average across them, which together train as one
-    process does at the same global batch of 8 (each of the 4 ranks its 2 rows a step)."""
+    nodes, DDP (or FSDP2) inside each group and torchft's average across them, which together train
+    as one process does at the same global batch of 8 (each of the 4 ranks its 2 rows a step)."""
     config = tiny_config(tmp_path, byte_shards, max_steps=4)
-    commands, envs = [], []
-    for task in range(2):
-        (tmp_path / f"task{task}").mkdir()
-        envs.append({**fake_slurm(tmp_path / f"task{task}"), "SLURM_JOB_ID": str(4300 + task),
-                     "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": "2", "TORCHFT_LIGHTHOUSE": lighthouse})
-        commands.append(["bash", str(SBATCH), str(config), f"--out_dir={str(tmp_path)!r}", "--batch_size=8"])
-    with started(commands[0], cwd=tmp_path, env=envs[0]) as (first,), \
-            started(commands[1], cwd=tmp_path, env=envs[1]) as (second,):
+    command = ["bash", str(SBATCH), str(config), f"--out_dir={str(tmp_path)!r}", "--batch_size=8", *layout]
+    with started(command, cwd=tmp_path, env=array_task(tmp_path, 0, lighthouse)) as (first,), \
+            started(command, cwd=tmp_path, env=array_task(tmp_path, 1, lighthouse)) as (second,):
         output = finish(first, second)
     assert "replica group 1 of 2, lighthouse " + lighthouse in output
     assert "micro 2 x 4 ranks x 1 accumulation" in output  # (each group's 2 ranks, times the 2 groups)
-    groups = [Checkpoint.load(tmp_path / "default" / f"replica_{task}" / CHECKPOINT_NAME) for task in range(2)]
-    assert groups[0].step == groups[1].step == 4
-    assert all(torch.equal(value, groups[1].model[key]) for key, value in groups[0].model.items())
+    assert f"({'fsdp_replicas' if layout else 'replicas'})" in output
+    groups = [load_model(tmp_path / "default" / f"replica_{task}" / CHECKPOINT_NAME) for task in range(2)]
+    assert groups[0][1].step == groups[1][1].step == 4
+    weights = [model.state_dict() for model, _ in groups]
+    assert all(torch.equal(value, weights[1][key]) for key, value in weights[0].items())
     train_here(*overrides(byte_shards, tmp_path, run_name="one", max_steps=4, batch_size=8))
     one = Checkpoint.load(tmp_path / "one" / CHECKPOINT_NAME)
     for key, value in one.model.items():  # (the mean of 8 rows' gradients taken in two orders)
-        assert torch.allclose(groups[0].model[key], value, rtol=0, atol=1e-6 * value.abs().max().item()), key
+        assert torch.allclose(weights[0][key], value, rtol=0, atol=1e-6 * value.abs().max().item()), key
+
+
+def test_a_killed_fsdp_replica_group_rejoins_from_its_peer_s_shards(byte_shards, tmp_path, lighthouse):
+    """Two replica groups of 2 FSDP2 ranks each (array tasks); group 1's job killed with SIGKILL
+    (every process of it) after its step-10 checkpoint, group 0 training on alone, group 1 submitted
+    again: its ranks resume their checkpoint, then take group 0's state rank by rank (each rank its
+    shard of the weights and optimizer state), and both groups end with the same weights, bitwise."""
+    config = tiny_config(tmp_path, byte_shards, max_steps=120)
+    command = ["bash", str(SBATCH), str(config), f"--out_dir={str(tmp_path)!r}", "--batch_size=8", "--fsdp",
+               "--checkpoint_interval=10", "--extra_parts='tests.replica_parts:Pace'"]
+    survivor_dir, failed_dir = tmp_path / "default" / "replica_0", tmp_path / "default" / "replica_1"
+
+    def participants(run_dir):
+        return [r.get("replicas/participants") for r in records(run_dir) if "replicas/participants" in r]
+
+    task1 = array_task(tmp_path, 1, lighthouse)
+    # (group 0 paced at 80 ms a step, so that its steps outlast group 1's restart)
+    with started(command, cwd=tmp_path, env={**array_task(tmp_path, 0, lighthouse), "PACE_S": "0.08"}) as (survivor,):
+        with started(command, cwd=tmp_path, env=task1) as (failed,):
+            deadline = time.time() + TIMEOUT
+            while not list(failed_dir.glob("ckpt_00000010.dcp")):
+                assert time.time() < deadline and failed.poll() is None, output_of(failed)[-3000:]
+                time.sleep(0.1)
+        # (leaving ``started`` killed every process of group 1's job)
+        while participants(survivor_dir).count(1) < 3:
+            assert time.time() < deadline and survivor.poll() is None, output_of(survivor)[-3000:]
+            time.sleep(0.1)
+        with started(command, cwd=tmp_path, env=task1) as (rejoined,):  # (submitted again)
+            finish(survivor, rejoined)
+    weights = [load_model(run_dir / CHECKPOINT_NAME)[0].state_dict() for run_dir in (survivor_dir, failed_dir)]
+    assert all(torch.equal(value, weights[1][key]) for key, value in weights[0].items())
+    assert participants(survivor_dir)[-1] == 2
+    # Group 1's record: to its step 10 (the checkpoint it resumed), then from the step it took from group 0.
+    steps = [r["step"] for r in records(failed_dir) if "replicas/participants" in r]
+    assert steps[-1] == 120 and any(b - a > 1 for a, b in zip(steps, steps[1:]))

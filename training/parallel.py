@@ -9,6 +9,8 @@ zero1      replicated; DDP all-reduces     sharded by whole parameters (optim/ze
 fsdp       sharded by rows (FSDP2)         sharded by rows, like its parameter (optim/sharding.py)
 replicas   replicated; DDP over the job's   replicated (one of several replica groups on torchft,
            ranks, torchft across groups     training/replicas.py, averaging every step)
+fsdp_      sharded by rows over the job's   sharded by rows; the same rank of every group holds
+replicas   ranks, torchft across groups     the same shard
 =========  ==============================  =================================================
 
 ``Layout`` and its subclasses, one a strategy, are the one place that knows which: the training loop
@@ -81,7 +83,7 @@ class Layout:
             from training.replicas import ReplicaGroup  # (torchft: imported by the runs that use it)
             group = ReplicaGroup.join(config, ctx)
             if not config.local_steps:
-                return AcrossReplicaGroups(ctx, group)
+                return (FullyShardedAcrossReplicaGroups if fsdp and ctx.enabled else AcrossReplicaGroups)(ctx, group)
         hook = dict(comm_hook=config.comm_hook, powersgd_rank=config.powersgd_rank)
         if not ctx.enabled:
             if zero_stage or fsdp:
@@ -421,6 +423,22 @@ class FullyShardedDataParallel(Layout):
         if checkpoint.tensors != "dcp":
             raise ValueError(f"checkpoint {path} is a whole-model file (written without fsdp): resume it without "
                              f"fsdp (DDP or zero_stage=1 shard no parameters), or start a new run_name")
+
+
+class FullyShardedAcrossReplicaGroups(FullyShardedDataParallel):
+    """``fsdp_replicas``: one of several replica groups (torchft) that average every gradient across
+    each other, FSDP2 inside each: every FSDP2 module's reduce-scattered gradient shard (the mean
+    over the job's ranks) is averaged across the groups by torchft's manager in FSDP2's all-reduce
+    hook (as torchtitan's fault tolerance does), the same rank of every group holding the same shard."""
+
+    strategy = "fsdp_replicas"
+
+    def shard_model(self, model: GPT, param_dtype: torch.dtype) -> None:
+        super().shard_model(model, param_dtype)
+        from torch.distributed.fsdp import FSDPModule
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(self.replica_group.allreduce)
 
 
 def load_model(path, map_location="cpu") -> tuple[GPT, Checkpoint]:

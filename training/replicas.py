@@ -1,14 +1,15 @@
 """Replica groups past one cluster, on torchft (docs/scaling_out.md).
 
-A run may be one of ``replica_groups`` groups, each its own torchrun job (DDP inside it, or one
-process), coordinated by a torchft lighthouse (``torchft_lighthouse --min_replicas 1 ...``) and
+A run may be one of ``replica_groups`` groups, each its own torchrun job (DDP or FSDP2 inside it,
+or one process), coordinated by a torchft lighthouse (``torchft_lighthouse --min_replicas 1 ...``) and
 one ``torchft.Manager`` per group (``ReplicaGroup``). The groups split every global batch: rank r
 of group g reads the rows of data rank g x W + r (``Layout.data_rank``), so G groups of W ranks
 read what one job of G x W ranks would. Then either:
 
 - ``local_steps=0``: every gradient is averaged across the groups at every step
   (training/parallel.py's ``AcrossReplicaGroups``: DDP's mean over the group's ranks, then the
-  manager's over the groups in the step's quorum). A group that fails (killed, its machine lost)
+  manager's over the groups in the step's quorum; ``FullyShardedAcrossReplicaGroups``: FSDP2's
+  reduce-scattered shard, then the manager's mean of it). A group that fails (killed, its machine lost)
   interrupts one step, which the others drop (``should_commit`` is False: ``Step.committed``), and
   leaves the quorum; the others train on without it, each step then averaging fewer groups'
   gradients: a smaller effective batch, which the record says (below). The failed group, started
@@ -43,7 +44,7 @@ each group's weights after its own steps with local steps (local, like the updat
 averaging every step (each group's own batch would clip its weights apart from the others');
 Schedule-Free AdamW's evaluated weights x are the optimizer's state, not the model's, and would not
 meet: refused with local steps, as are float16 with local steps (the GradScaler's skipped steps
-would shift the meetings), batch schedules and sharded layouts (configs/__init__.py).
+would shift the meetings), batch schedules and ZeRO-1 (configs/__init__.py).
 """
 from __future__ import annotations
 

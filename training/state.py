@@ -14,7 +14,7 @@ value per rank gather them (a collective).
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -78,8 +78,11 @@ class RunState:
         """What a replica group hands one that (re)joins it (training/replicas.py, through torchft's
         checkpoint transport), rank by rank: this rank's step, model, optimizer, pieces and parts,
         with no collective (torchft asks from its own thread), so without the pieces that gather
-        every rank's (``GATHERS``: the RNG states, the loss window), which the joining rank keeps."""
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        every rank's (``GATHERS``: the RNG states, the loss window), which the joining rank keeps.
+        A sharded tensor (FSDP2's DTensor) goes as this rank's shard and how it lies (``_packed``):
+        the same rank of the joining group holds the same shard."""
+        return {"step": self.step, "model": _packed(self.model.state_dict()),
+                "optimizer": _packed(self.optimizer.state_dict()),
                 "pieces": {name: piece.state_dict() for name, piece in self.pieces.items()
                            if not getattr(piece, "GATHERS", False)},
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
@@ -87,12 +90,45 @@ class RunState:
     def load_peer_state_dict(self, state: dict) -> None:
         """Continue from a peer's ``peer_state_dict`` (the same config: nothing to check)."""
         self.step = state["step"]
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        mesh = next((p.device_mesh for p in self.model.parameters() if hasattr(p, "device_mesh")), None)
+        self.model.load_state_dict(_unpacked(state["model"], mesh))
+        self.optimizer.load_state_dict(_unpacked(state["optimizer"], mesh))
         for name, saved in state["pieces"].items():
             self.pieces[name].load_state_dict(saved)
         for name, saved in state["parts"].items():
             self.parts[name].load_state_dict(saved)
+
+
+class _Shard(NamedTuple):
+    """A DTensor as it travels to a joining group: this rank's shard and where it lies in the whole."""
+    local: Tensor
+    placements: tuple
+    shape: torch.Size
+    stride: tuple
+
+
+def _packed(value):
+    """``value`` (a state dict) with each DTensor as its ``_Shard`` (the transport pickles plain tensors)."""
+    if hasattr(value, "device_mesh"):
+        return _Shard(value.to_local(), tuple(value.placements), value.shape, value.stride())
+    if isinstance(value, dict):
+        return {key: _packed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_packed(item) for item in value]
+    return value
+
+
+def _unpacked(value, mesh):
+    """``_packed``'s inverse on this rank's ``mesh`` (the joining group's: the same ranks and shards)."""
+    if isinstance(value, _Shard):
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(value.local, mesh, value.placements, run_check=False, shape=value.shape,
+                                  stride=value.stride)
+    if isinstance(value, dict):
+        return {key: _unpacked(item, mesh) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unpacked(item, mesh) for item in value]
+    return value
 
 
 class RankRNG:
