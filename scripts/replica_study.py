@@ -138,6 +138,12 @@ def best(runs: list[Run]) -> Run:
     return min((r for r in runs if r.seed == 0), key=lambda r: (r.final(CHOSEN_ON) is None, r.final(CHOSEN_ON) or 0))
 
 
+def at_best_lr(runs: list[Run]) -> list[Run]:
+    """Every seed of the point's chosen lr."""
+    lr = best(runs).lr
+    return [r for r in runs if r.lr == lr]
+
+
 def study(out: Path, tokens: int, optimizers: list[str], methods: list[str], seeds: int, extend: int) -> None:
     """Each point's grid at seed 0, grown by one lr past an edge its best lr is on (``extend`` times
     at most), then its other seeds at the best lr."""
@@ -196,11 +202,9 @@ def report(points: dict[tuple[str, str], list[Run]], out: Path) -> str:
         lines += [f"## {optimizer}", "",
                   f"| method | batch a step | steps | lr (grid) | seeds | {REPORTED} | vs dp_b32 | all-reduces | MB sent |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        reference = [r for r in dict(rows).get("dp_b32", []) if r.lr == best(dict(rows)["dp_b32"]).lr] \
-            if "dp_b32" in dict(rows) else []
+        reference = at_best_lr(points[optimizer, "dp_b32"]) if (optimizer, "dp_b32") in points else []
         for method, runs in rows:
-            chosen = best(runs)
-            at_lr = [r for r in runs if r.lr == chosen.lr]
+            chosen, at_lr = best(runs), at_best_lr(runs)
             grid = sorted({r.lr for r in runs if r.seed == 0})
             edge = " (edge)" if chosen.lr in (grid[0], grid[-1]) else ""
             loss = summary([r.final(REPORTED) for r in at_lr])
@@ -229,7 +233,7 @@ def draw(points: dict[tuple[str, str], list[Run]], parameter_bytes: float, folde
                 runs = points.get((optimizer, method))
                 if not runs:
                     continue
-                at_lr = [r for r in runs if r.lr == best(runs).lr]
+                at_lr = at_best_lr(runs)
                 steps, losses = at_lr[0].series(CHOSEN_ON)
                 mean = [summary([r.series(CHOSEN_ON)[1][i] for r in at_lr]).mean for i in range(len(steps))]
                 xs = ([s * at_lr[0].batch_size * BLOCK for s in steps] if name == "tokens"

@@ -78,7 +78,7 @@ def lighthouse():
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen([str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas=1",
-                                "--quorum_tick_ms=50", "--join_timeout_ms=1000", "--heartbeat_timeout_ms=1000",
+                                "--quorum_tick_ms=10", "--join_timeout_ms=1000", "--heartbeat_timeout_ms=1000",
                                 f"--bind=[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while socket.socket().connect_ex(("localhost", port)):  # (until it listens)

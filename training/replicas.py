@@ -206,7 +206,7 @@ class ReplicaGroups(Part):
         tokens = sum(schedule.tokens_per_step(n - 1) for n in range(number - steps + 1, number + 1))
         self.participants = self.group.participants
         shares = self.participants if committed else int(own_share)
-        self.effective_batch = shares * self.run.batches.schedule.phase(number - 1).batch // groups
+        self.effective_batch = shares * schedule.phase(number - 1).batch // groups
         self.tokens_trained += tokens * shares // groups
         self.tokens_lost += tokens - tokens * shares // groups
         self.dropped += not committed
