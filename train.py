@@ -12,6 +12,7 @@ number of ranks, so the same config optimizes identically on 1 or 64 GPUs.
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from contextlib import contextmanager
 
@@ -30,7 +31,7 @@ from training.checkpointer import Checkpointer
 from training.nonfinite import NonFiniteError, NonFiniteSteps
 from training.parallel import Communication, Layout
 from training.parts import EvaluationInterrupted, Part, Parts, Step, imported
-from training.replicas import ReplicaGroups
+from training.replicas import ReplicaGroups, ReplicasStopped
 from training.run_config import RunConfig, precision, resolve_config
 from training.batch_schedule import BatchPlan, BatchSchedule
 from training.signals import StopSignals
@@ -169,11 +170,9 @@ class Trainer:
         self.nonfinite.record(step.number, step.finite)
         self.parts.call("before_update", step)
         with self.phase("optimizer"):
-            if not step.committed:  # replica groups that did not agree on it drop the step (training/replicas.py)
-                pass
-            elif self.config.nonfinite == "skip" and not self.scaler.is_enabled():
+            if step.committed and self.config.nonfinite == "skip" and not self.scaler.is_enabled():
                 self.optimizer.step_unless(~step.finite)  # on the device: no host sync
-            else:
+            elif step.committed:  # (replica groups that did not agree on a step drop it: training/replicas.py)
                 self.scaler.step(self.optimizer)  # (float16: the scaler drops an overflowed step itself)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -287,8 +286,9 @@ def main(argv: list[str]):
         distributed.fail(f"train.py: {error}")
     try:
         trainer.train()
-    except (NonFiniteError, ShardTokenError, OSError) as error:
-        distributed.fail(f"train.py: {error}")
+    except (NonFiniteError, ShardTokenError, OSError, ReplicasStopped) as error:  # (a lost lighthouse: how to resume)
+        resume = getattr(error, "resumable", False) and run_folder.resume_command(distributed.launcher(), argv)
+        distributed.fail(f"train.py: {error}" + (f"; resume this group with {shlex.join(resume)}" if resume else ""))
     finally:
         trainer.close()
     if trainer.ctx.is_main and trainer.checkpoints.steps:

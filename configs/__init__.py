@@ -234,7 +234,13 @@ class TrainConfig:
     replica_id: int = role("bookkeeping", 0)  # this group's number, 0 .. replica_groups - 1 (its run folder's name)
     lighthouse: str = role("bookkeeping", "")  # the torchft lighthouse, "http://HOST:PORT"; "": $TORCHFT_LIGHTHOUSE
     min_replicas: int = role("bookkeeping", 1)  # groups a step (or a sync) needs to commit
-    replica_timeout: float = role("bookkeeping", 60.0)  # seconds a cross-group collective or quorum may take
+    # seconds a cross-group collective or quorum may take; a lost lighthouse back within it is survived
+    replica_timeout: float = role("bookkeeping", 60.0)
+    # steps between the groups' comparisons of their weights (also after a group joins or leaves, and at each meeting)
+    replica_check_interval: int = role("bookkeeping", 100)
+    # seconds a group resumed from its checkpoint waits to meet another group before it trains (it may be behind
+    # the job); 0: it trains alone at once
+    rejoin_timeout: float = role("bookkeeping", 600.0)
     # H > 0: the groups train apart and meet every H steps (local_method); 0: gradients averaged every step
     local_steps: int = role("experiment", 0)
     # "diloco" (the mean pseudo-gradient through an outer SGD with Nesterov momentum) or "localsgd" (the mean)
@@ -338,6 +344,9 @@ class TrainConfig:
         _check(1 <= self.min_replicas <= groups, f"min_replicas={self.min_replicas} must lie in [1, replica_groups="
                                                  f"{groups}]")
         _check(self.replica_timeout > 0, f"replica_timeout={self.replica_timeout} must be > 0 seconds")
+        _check(self.replica_check_interval >= 1, f"replica_check_interval={self.replica_check_interval} must be "
+                                                  f">= 1 step")
+        _check(self.rejoin_timeout >= 0, f"rejoin_timeout={self.rejoin_timeout} must be >= 0 seconds (0: no wait)")
         _check(self.local_steps >= 0, f"local_steps={self.local_steps} must be >= 0 (0: gradients averaged every step)")
         _check(self.local_method in ("diloco", "localsgd"), f"local_method={self.local_method!r}: use 'diloco' or "
                                                             f"'localsgd'")

@@ -4,6 +4,7 @@ llm.c and modded-nanogpt load as they are.
 A shard is a header of 256 int32 (magic 20240520, version 1, token count, zeros) followed by the
 tokens as uint16. nanoGPT's header-less train.bin / val.bin (raw uint16) are read as well.
 """
+import hashlib
 import json
 import os
 import re
@@ -247,6 +248,18 @@ def verify_manifest(data_dir, tokenizer: str | None, sha256: bool = False) -> di
                              f"remove them, or prepare the data again with --force")
     return manifest
 
+
+def fingerprint(data_dir) -> str:
+    """What the shards of ``data_dir`` are, in 16 hex digits that do not depend on where the folder
+    lies: every train and val shard's name and size, with its sha256 where a manifest lists one.
+    Replica groups compare it (training/replica_checks.py): two clusters' copies of the same
+    prepared data give the same digits."""
+    manifest = Path(data_dir) / MANIFEST
+    if manifest.is_file():
+        listed = json.loads(manifest.read_text()).get("splits", {})
+    else:
+        listed = {split: [(p.name, p.stat().st_size) for p in _split_files(data_dir, split)] for split in SPLITS}
+    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()[:16]
 
 def prepare_hint(data_dir, tokenizer: str | None = None) -> str:
     """How to prepare ``data_dir`` (for ``tokenizer``, the one a config asks for, if known)."""

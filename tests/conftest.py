@@ -69,21 +69,43 @@ def byte_shards(tmp_path_factory) -> Path:
     return root
 
 
+class Lighthouse:
+    """A torchft lighthouse that forms a quorum of whoever is alive: the replica groups' coordinator
+    (training/replicas.py); a dead group is noticed within 1 s. On a port of its own, where a test
+    may kill it and start it again."""
+
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"http://localhost:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas=1",
+                                         "--quorum_tick_ms=10", "--join_timeout_ms=1000", "--heartbeat_timeout_ms=1000",
+                                         f"--bind=[::]:{self.port}"], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("localhost", self.port)):  # (until it listens)
+            assert time.monotonic() < deadline and self.process.poll() is None, "the lighthouse did not start"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 @pytest.fixture
-def lighthouse():
-    """A torchft lighthouse (its address) that forms a quorum of whoever is alive: the replica
-    groups' coordinator (training/replicas.py); a dead group is noticed within 1 s."""
+def lighthouse_process():
+    """A ``Lighthouse``, killed at the end."""
     pytest.importorskip("torchft", reason="torchft is not installed (requirements-ft.txt)")
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas=1",
-                                "--quorum_tick_ms=10", "--join_timeout_ms=1000", "--heartbeat_timeout_ms=1000",
-                                f"--bind=[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while socket.socket().connect_ex(("localhost", port)):  # (until it listens)
-        assert time.monotonic() < deadline and process.poll() is None, "the lighthouse did not start"
-        time.sleep(0.05)
-    yield f"http://localhost:{port}"
-    process.kill()
-    process.wait()
+    house = Lighthouse()
+    yield house
+    house.kill()
+
+
+@pytest.fixture
+def lighthouse(lighthouse_process) -> str:
+    """A lighthouse's address (``Lighthouse``)."""
+    return lighthouse_process.address

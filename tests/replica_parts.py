@@ -11,13 +11,17 @@ from training.parts import Part, Step
 
 class Pace(Part):
     """A pause after every step (PACE_S, default 30 ms), so that a tiny run lasts long enough to
-    kill and restart one of its groups while the other trains on."""
+    kill and restart one of its groups while the other trains on; while the file HOLD_FILE exists,
+    a longer one (HELD_S, default 0.3 s): a test holds a survivor back that way until a restarted
+    group has joined it, however long that group's start takes on a busy machine (the survivor
+    still asks for a quorum every step, so the restarted group can join it)."""
 
     def __init__(self, run):
-        self.pause = float(os.environ.get("PACE_S", "0.03"))
+        self.pause, self.held = float(os.environ.get("PACE_S", "0.03")), float(os.environ.get("HELD_S", "0.3"))
+        self.hold = Path(os.environ["HOLD_FILE"]) if "HOLD_FILE" in os.environ else None
 
     def after_step(self, step: Step) -> None:
-        time.sleep(self.pause)
+        time.sleep(self.held if self.hold is not None and self.hold.exists() else self.pause)
 
 
 class RecordWeights(Part):

@@ -2,8 +2,9 @@
 and the fix: table-driven through train.py's main, on a folder that already holds a good run."""
 import json
 import re
-import sys
 import shutil
+import socket
+import sys
 
 import pytest
 
@@ -80,6 +81,8 @@ CASES = {
                             r"dtype='float16': .*use 'bfloat16' or 'float32'"),
     "no lighthouse": (["--replica_groups=2"], r"replica_groups=2 needs the lighthouse's address: pass "
                                               r"--lighthouse=http://HOST:PORT .*or set TORCHFT_LIGHTHOUSE"),
+    "lighthouse not an address": (["--replica_groups=2", "--lighthouse=notaurl"], r"lighthouse='notaurl' is not an "
+                                  r"address of the form http://HOST:PORT: pass the address torchft_lighthouse listens on"),
     "comm hook": (["--comm_hook=fp8"], r"comm_hook='fp8': use '' \(the exact mean\), 'bf16' or 'powersgd'"),
     "comm hook with fsdp": (["--comm_hook=bf16", "--fsdp"], r"comm_hook='bf16' is DDP's, with fsdp=True or replica "
                                                             r"groups .*use DDP \(or ZeRO-1\), or local_steps"),
@@ -278,6 +281,26 @@ def test_replica_groups_without_torchft_say_how_to_install_it(workspace, monkeyp
     assert re.fullmatch(r"train.py: replica_groups=2 needs torchft \(.*\): pip install -r requirements-ft.txt",
                         str(exit_info.value.code))
     assert snapshot(out.parent) == before and list(tmp_path.iterdir()) == []
+
+
+def test_a_lighthouse_nothing_listens_at_is_one_line_at_start_up(workspace, monkeypatch, tmp_path):
+    """Where nothing listens at the lighthouse's address, the run says so in one line once its short
+    wait for a lighthouse starting beside it is over (here 0.5 s), not torchft's traceback after the timeout."""
+    pytest.importorskip("torchft", reason="torchft is not installed (requirements-ft.txt)")
+    from training import replicas
+    data, out = workspace
+    monkeypatch.setattr(replicas, "LIGHTHOUSE_WAIT_S", 0.5)
+    with socket.socket() as s:  # (a port nothing listens on)
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    before = snapshot(out.parent)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*RUN, f"--data_dir={data}", f"--out_dir={out}", "--run_name=new", "--replica_groups=2",
+                    f"--lighthouse=http://localhost:{port}"])
+    assert str(exit_info.value.code) == (
+        f"train.py: lighthouse='http://localhost:{port}': nothing listens there (tried for 0.5 s): start the "
+        f"lighthouse first (torchft_lighthouse --min_replicas 1 --bind [::]:{port}) or pass the address it listens on")
+    assert snapshot(out.parent) == before
 
 
 def test_a_corrupt_manifest_shard_is_refused(workspace, tmp_path):

@@ -12,6 +12,8 @@
   with Sophia-G (its Hessian pass's gradient averaged across the groups too).
 """
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -78,20 +80,57 @@ def checkpoint(run_dir: Path) -> dict:
     return torch.load(run_dir / "ckpt.pt", weights_only=True)
 
 
-def test_a_killed_group_leaves_the_others_training_and_rejoins_bitwise(byte_shards, tmp_path, lighthouse):
+@pytest.fixture
+def busy_machine():
+    """Six processes spinning beside the test on the machine's cores: a busy node, on which every
+    process of the test waits its turn (the case in which groups used to end with different models)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6)]
+    yield
+    for spinner in spinners:
+        spinner.kill()
+        spinner.wait()
+
+
+def last_step(run_dir: Path) -> int:
+    """The run's last logged step so far (0 before its first)."""
+    try:
+        return max((r["step"] for r in records(run_dir)), default=0)
+    except (FileNotFoundError, ValueError):  # (not written yet; a line being written)
+        return 0
+
+
+def test_a_stalled_and_a_killed_group_leave_the_other_training_and_rejoin_bitwise_on_a_busy_machine(
+        byte_shards, tmp_path, lighthouse, busy_machine):
+    """Group 1 stopped (SIGSTOP) for 3 s, past the lighthouse's heartbeat and join timeouts (1 s), then
+    killed with SIGKILL after its next checkpoint; group 0 trains on alone, held back (slower steps)
+    from the stall until group 1, restarted with --resume=auto, has joined it: whatever the load, the
+    restarted group finds the job still training. Both end at step 160 with the same weights and
+    optimizer state, and their records' final weights digests agree."""
+    hold = tmp_path / "hold"
     args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=160", "--checkpoint_interval=10",
                       "--extra_parts=tests.replica_parts:Pace")
     survivor_dir, failed_dir = tmp_path / "run" / "replica_0", tmp_path / "run" / "replica_1"
-    survivor = start(0, args, tmp_path / "group0.log")
+    survivor = start(0, args, tmp_path / "group0.log", HOLD_FILE=str(hold))
     failed = start(1, args, tmp_path / "group1.log")
     both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
-    wait_for(lambda: logged(failed_dir, lambda r: r["step"] >= 15), "group 1's step 15", both)
+    wait_for(lambda: last_step(failed_dir) >= 5, "group 1's step 5", both)
+    hold.touch()
+    failed.send_signal(signal.SIGSTOP)  # (a stalled node: its heartbeat stops, its process lives)
+    time.sleep(3)
+    failed.send_signal(signal.SIGCONT)
+    stalled_at = last_step(failed_dir)
+    wait_for(lambda: any(int(p.stem[5:]) > stalled_at for p in failed_dir.glob("ckpt_*.pt")),
+             "group 1's checkpoint after the stall", both)
     failed.send_signal(signal.SIGKILL)
     failed.wait()
+    killed_at = last_step(failed_dir)
     # The survivor trains on alone: no restart, its steps averaging one group's gradients.
-    wait_for(lambda: logged(survivor_dir, lambda r: r["replicas/participants"] == 1, at_least=5),
-             "steps without group 1", both[:1])
+    wait_for(lambda: logged(survivor_dir, lambda r: r["replicas/participants"] == 1 and r["step"] > killed_at,
+                            at_least=5), "steps without group 1", both[:1])
     rejoined = start(1, [*args, "--resume=auto"], tmp_path / "group1_again.log")
+    wait_for(lambda: last_step(failed_dir) > killed_at, "group 1 back", [both[0], (rejoined, tmp_path / "group1_again.log")],
+             timeout=120)
+    hold.unlink()
     finish(rejoined, tmp_path / "group1_again.log")
     finish(survivor, tmp_path / "group0.log")
 
@@ -113,9 +152,121 @@ def test_a_killed_group_leaves_the_others_training_and_rejoins_bitwise(byte_shar
     alone = [r["step"] for r in history if r["replicas/participants"] == 1]
     assert len(alone) >= 5 and history[-1]["replicas/participants"] == 2
     assert history[-1]["replicas/tokens_lost"] >= len(alone) * 4 * 32  # (half of each step alone: 4 rows of 32)
-    # The rejoined group's record goes on from the step it took from the survivor.
+    # The rejoined group's record goes on from the step it took from the survivor; both end with one model.
     steps = [r["step"] for r in records(failed_dir)]
     assert steps[-1] == 160 and any(b - a > 1 for a, b in zip(steps, steps[1:]))
+    assert records(survivor_dir)[-1]["replicas/weights_sha256"] == records(failed_dir)[-1]["replicas/weights_sha256"]
+
+
+def test_a_group_resumed_after_the_others_finished_does_not_train_alone(byte_shards, tmp_path, lighthouse):
+    """The case that made two models on a busy machine: group 1 killed after its step-10 checkpoint,
+    group 0 finishing the run before group 1 is back. Group 1, resumed, finds no group to rejoin:
+    alone it would train a second model from step 10 under the job's name. It waits rejoin_timeout,
+    then stops with a message, its checkpoint as it was; --rejoin_timeout=0 trains it alone on purpose."""
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=30", "--checkpoint_interval=10",
+                      "--extra_parts=tests.replica_parts:Pace")
+    failed_dir = tmp_path / "run" / "replica_1"
+    survivor = start(0, args, tmp_path / "group0.log")
+    failed = start(1, args, tmp_path / "group1.log")
+    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
+    wait_for(lambda: (failed_dir / "ckpt_00000010.pt").exists(), "group 1's step-10 checkpoint", both)
+    failed.send_signal(signal.SIGKILL)
+    failed.wait()
+    finish(survivor, tmp_path / "group0.log")
+    again = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--replica_id=1", "--resume=auto",
+                            "--rejoin_timeout=2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 1
+    assert re.search(r"train.py: replica group 1 resumed at step 10 and met no other group within "
+                     r"rejoin_timeout=2 s: .* start it with --rejoin_timeout=0$", again.stderr.strip()), again.stderr
+    assert checkpoint(failed_dir)["step"] == 10
+
+
+def test_a_group_restarted_with_another_lr_or_optimizer_is_refused_before_any_state_moves(byte_shards, tmp_path,
+                                                                                          lighthouse):
+    """Group 1 killed after its step-10 checkpoint, then started again with another lr (a resume with
+    --allow_changes=lr), and again as a new run with AdamW against the job's MERIT: each is refused
+    at its first quorum, its message naming the key and both values and the whole-job restart; group 0
+    drops the step each refusal interrupted and trains on alone, its record never counting group 1."""
+    hold = tmp_path / "hold"
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=120", "--checkpoint_interval=10",
+                      "--optimizer=merit", "--extra_parts=tests.replica_parts:Pace")
+    survivor_dir, failed_dir = tmp_path / "run" / "replica_0", tmp_path / "run" / "replica_1"
+    survivor = start(0, args, tmp_path / "group0.log", HOLD_FILE=str(hold))
+    failed = start(1, args, tmp_path / "group1.log")
+    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
+    wait_for(lambda: (failed_dir / "ckpt_00000010.pt").exists(), "group 1's step-10 checkpoint", both)
+    hold.touch()
+    failed.send_signal(signal.SIGKILL)
+    failed.wait()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for change, message in ((["--resume=auto", "--lr=5e-4", "--allow_changes=lr"],
+                             r"lr: 0\.0005 in group 1, 0\.01 in group 0\. .*--allow_changes=lr$"),
+                            (["--overwrite", "--optimizer=adamw"],
+                             r"optimizer: 'adamw' in group 1, 'merit' in group 0;.*--allow_changes=.*optimizer")):
+        joiner = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--replica_id=1", *change], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120, env=env)
+        assert joiner.returncode == 1, joiner.stderr[-3000:]
+        assert re.search(r"train.py: replica group 1 is refused by the job's replica groups before any state moved "
+                         r"between them: .*" + message, joiner.stderr.strip()), joiner.stderr[-3000:]
+        assert survivor.poll() is None, (tmp_path / "group0.log").read_text()[-3000:]
+    hold.unlink()
+    finish(survivor, tmp_path / "group0.log")
+    assert (tmp_path / "group0.log").read_text().count("replica group 0 refused group 1, which trains something else") == 2
+    history = records(survivor_dir)
+    assert history[-1]["step"] == 120 and history[-1]["replicas/dropped"] >= 2  # (two refusals'; the kill's)
+    # Every step after the kill trained group 0's share alone, or none: group 1's never reached its weights.
+    assert all(r["replicas/effective_batch"] in (0, 4) for r in history if r["step"] > 15)
+
+
+def test_a_lighthouse_restarted_within_the_timeout_is_survived_and_one_gone_for_good_ends_every_group_resumably(
+        byte_shards, tmp_path, lighthouse_process):
+    """The lighthouse killed (SIGKILL) mid-run and started again on its port 2 s later: both groups
+    wait out the gap in their quorum and end at step 60 with the same weights. Killed for good: each
+    group ends within replica_timeout with one line that names the lighthouse and its resume command;
+    the lighthouse started again and both groups resumed with those commands, they end as one model."""
+    address = lighthouse_process.address
+    args = group_args(byte_shards, tmp_path, address, "--max_steps=60", "--checkpoint_interval=10",
+                      "--replica_timeout=8.0", "--extra_parts=tests.replica_parts:Pace")
+
+    def groups(run_name: str, logs: str) -> list[tuple[subprocess.Popen, Path]]:
+        return [(start(i, [*args, f"--run_name={run_name}"], tmp_path / f"{logs}{i}.log"), tmp_path / f"{logs}{i}.log")
+                for i in range(2)]
+
+    def digests(run_name: str) -> list[str]:
+        return [records(tmp_path / run_name / f"replica_{i}")[-1]["replicas/weights_sha256"] for i in range(2)]
+
+    running = groups("restarted", "restarted")
+    wait_for(lambda: last_step(tmp_path / "restarted" / "replica_0") >= 10, "step 10", running)
+    lighthouse_process.kill()
+    time.sleep(2)
+    lighthouse_process.start()
+    for process, log in running:
+        finish(process, log)
+    assert digests("restarted")[0] == digests("restarted")[1]
+    assert last_step(tmp_path / "restarted" / "replica_0") == 60
+
+    running = groups("lost", "lost")
+    wait_for(lambda: (tmp_path / "lost" / "replica_0" / "ckpt_00000020.pt").exists(), "step 20's checkpoint", running)
+    lighthouse_process.kill()
+    resumes = []
+    for i, (process, log) in enumerate(running):
+        assert process.wait(timeout=60) == 1
+        last = log.read_text().strip().splitlines()[-1]
+        assert re.fullmatch(rf"train.py: the lighthouse at {address} does not answer within replica_timeout=8 s "
+                            rf"\(torchft: .*\): every group stops here\. Start the lighthouse again on its address "
+                            rf"\(torchft_lighthouse --min_replicas N --bind \[::\]:{lighthouse_process.port}\), then "
+                            rf"every group with --resume; resume this group with python train\.py .*--replica_id={i} "
+                            rf"--resume", last), last
+        resumes.append(shlex.split(last.split("resume this group with ")[1]))
+    lighthouse_process.start()
+    resumed = [(subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stdout=(tmp_path / f"again{i}.log").open("w"),
+                                 stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}),
+                tmp_path / f"again{i}.log") for i, command in enumerate(resumes)]
+    for process, log in resumed:
+        finish(process, log)
+    assert digests("lost")[0] == digests("lost")[1]
+    assert last_step(tmp_path / "lost" / "replica_0") == 60
 
 
 def final_weights(run_dir: Path) -> dict:

@@ -48,25 +48,37 @@ would shift the meetings), batch schedules and ZeRO-1 (configs/__init__.py).
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
+from optim.sharding import local
+from training import distributed
 from training.distributed import Distributed
 from training.parts import Part, Step
+from training.replica_checks import JoinRefused, ReplicasStopped, job_identity, weight_split, weights_fingerprint
 
 # The install line a run without torchft is told (requirements-ft.txt pins it).
 INSTALL = "pip install -r requirements-ft.txt"
+# How long a group starting up waits for its lighthouse to listen before it says it cannot reach it
+# (a lighthouse started a moment before the groups, as the docs' commands do, is listening by then).
+LIGHTHOUSE_WAIT_S = 10.0
 
 
 class ReplicaGroup:
     """This job's membership of the replica groups: torchft's ``Manager`` (the quorum each step,
-    the cross-group all-reduce, the commit, healing a joining group) and the bytes it carried."""
+    the cross-group all-reduce, the commit, healing a joining group), its process group across the
+    groups (``pg``: the identity check at each new quorum, training/torchft_adapter.py) and the
+    bytes it carried."""
 
-    def __init__(self, manager, replica_id: int, groups: int, store: dist.TCPStore | None):
-        self.manager, self.replica_id, self.groups = manager, replica_id, groups
+    def __init__(self, manager, pg, replica_id: int, groups: int, store: dist.TCPStore | None):
+        self.manager, self.pg, self.replica_id, self.groups = manager, pg, replica_id, groups
         self.store = store  # (a group of one process: the store torchft's manager meets in, held open)
         self.bytes_allreduced = 0
 
@@ -76,29 +88,34 @@ class ReplicaGroup:
         # torchft's Rust core logs every quorum and commit at "info": its warnings only, unless asked.
         os.environ.setdefault("RUST_LOG", "warn")
         try:
-            import torchft
+            import torchft  # noqa: F401 (the adapter's; imported first, so that its absence is what is said)
+            from training import torchft_adapter as ft
         except ImportError as error:
             raise ValueError(f"replica_groups={config.replica_groups} needs torchft ({error}): {INSTALL}") from error
-        lighthouse = config.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
-        if not lighthouse:
-            raise ValueError(f"replica_groups={config.replica_groups} needs the lighthouse's address: pass "
-                             f"--lighthouse=http://HOST:PORT (of torchft_lighthouse) or set TORCHFT_LIGHTHOUSE")
+        lighthouse = lighthouse_address(config)
+        if not ft.reachable(lighthouse, LIGHTHOUSE_WAIT_S):
+            raise ValueError(f"lighthouse={lighthouse!r}: nothing listens there (tried for {LIGHTHOUSE_WAIT_S:g} s): "
+                             f"start the lighthouse first (torchft_lighthouse --min_replicas 1 --bind "
+                             f"[::]:{urlsplit(lighthouse).port}) or pass the address it listens on")
         timeout = timedelta(seconds=config.replica_timeout)
-        pg = (torchft.ProcessGroupNCCL if ctx.device.type == "cuda" else torchft.ProcessGroupGloo)(timeout=timeout)
+        pg = (ft.CheckedNCCL if ctx.device.type == "cuda" else ft.CheckedGloo)(timeout=timeout)
         store = None
         if ctx.enabled:  # torchrun's store (MASTER_ADDR, MASTER_PORT)
             address = {}
         else:  # one process: a store of its own
             store = dist.TCPStore("localhost", 0, 1, is_master=True, wait_for_workers=False)
             address = {"store_addr": "localhost", "store_port": store.port}
-        manager = torchft.Manager(
+        manager = ft.Manager(
             pg=pg, load_state_dict=None, state_dict=None, min_replica_size=config.min_replicas,
             # (a synchronous quorum: a joining group's state is in place when start_quorum returns)
             use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+            # A lost lighthouse: its quorum asked again about every second until the timeout, so that one
+            # restarted on its address within it finds the groups waiting (torchft retries none by default).
+            quorum_retries=max(1, round(config.replica_timeout)),
             rank=ctx.rank, world_size=ctx.world_size, lighthouse_addr=lighthouse,
             # (the weights start equal on every group, by the seed: nothing to send at step 0)
             replica_id=f"nanomerit_replica_{config.replica_id}", init_sync=False, **address)
-        return cls(manager, config.replica_id, config.replica_groups, store)
+        return cls(manager, pg, config.replica_id, config.replica_groups, store)
 
     def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         """``tensor`` averaged over the groups in the quorum, in place, and a completed future of it.
@@ -119,10 +136,28 @@ class ReplicaGroup:
         self.manager.shutdown(wait=False)
 
 
+def lighthouse_address(config) -> str:
+    """The lighthouse's address (config.lighthouse, else $TORCHFT_LIGHTHOUSE), checked to be http://HOST:PORT."""
+    lighthouse = config.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+    if not lighthouse:
+        raise ValueError(f"replica_groups={config.replica_groups} needs the lighthouse's address: pass "
+                         f"--lighthouse=http://HOST:PORT (of torchft_lighthouse) or set TORCHFT_LIGHTHOUSE")
+    try:
+        parts = urlsplit(lighthouse)
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ValueError(f"lighthouse={lighthouse!r} is not an address of the form http://HOST:PORT: pass the "
+                         f"address torchft_lighthouse listens on (its --bind port, 29510 by default)")
+    return lighthouse
+
+
 class ReplicaGroups(Part):
     """The replica groups' part in a run: the quorum between steps, the commit before an update,
     the local method's rounds (torchft's ``DiLoCo`` or ``LocalSGD`` around the optimizer), the
-    record (the module's docstring), and their state in checkpoints and for a joining group."""
+    checks that the groups train one model (training/replica_checks.py), the record (the module's
+    docstring), and their state in checkpoints and for a joining group."""
 
     name = "replica_groups"
     metric_keys = ("replicas/",)
@@ -136,6 +171,7 @@ class ReplicaGroups(Part):
         self.meetings = 0  # the manager's committed steps (with local steps: meetings) when last counted
         self.participants = self.effective_batch = 0
         self.tokens_trained = self.tokens_lost = self.dropped = 0
+        self.healed = False  # this group took a peer's state at the last quorum
 
     @classmethod
     def build(cls, run) -> ReplicaGroups | None:
@@ -152,13 +188,15 @@ class ReplicaGroups(Part):
     # --- the run ---
     def start(self) -> None:
         manager, state = self.group.manager, self.run.state
-        manager.register_state_dict_fn("run", state.load_peer_state_dict, state.peer_state_dict)
+        self.group.pg.check_identity(self.config.replica_id, job_identity(self.config.to_dict()), self.run.device)
+        manager.register_state_dict_fn("run", self._load_peer_state, state.peer_state_dict)
         self.meetings = manager.current_step()
         if self.local_steps:
             self.local = self._local_method()
             self.local.__enter__()
         else:
-            manager.start_quorum()  # (a joining group takes a peer's state here)
+            self._quorum()  # (a joining group takes a peer's state here)
+            self._wait_for_a_peer()
 
     def _local_method(self):
         from torchft import local_sgd
@@ -179,42 +217,134 @@ class ReplicaGroups(Part):
         local._local_step = run.state.step % self.local_steps
         return local
 
+    def _load_peer_state(self, state: dict) -> None:
+        self.run.state.load_peer_state_dict(state)
+        self.healed = True
+
+    def _quorum(self) -> None:
+        """The next step's quorum (a joining group takes a peer's state in it), then what the
+        groups' identity check found (training/torchft_adapter.py)."""
+        self.healed = False
+        self.group.manager.start_quorum()
+        self._after_quorum()
+
+    def _after_quorum(self) -> None:
+        """A refusal of this group stops it; one of another group is said (its step is dropped)."""
+        refusal, self.group.pg.refusal = self.group.pg.refusal, None
+        if isinstance(refusal, JoinRefused):
+            raise refusal
+        if refusal is not None and self.run.ctx.is_main:
+            tqdm.write(str(refusal))
+
+    def _wait_for_a_peer(self) -> None:
+        """A group resumed from its own checkpoint trains beside another group, or not at all within
+        rejoin_timeout: alone, it would train on from a state the other groups may have passed (they
+        may have finished since it stopped), into a second model under the job's name."""
+        timeout, groups = self.config.rejoin_timeout, self.group.groups
+        if not (self.run.resuming and timeout and groups > 1) or self.group.participants > 1:
+            return
+        step = self.run.state.step
+        if self.run.ctx.is_main:
+            tqdm.write(f"replica group {self.group.replica_id} resumed at step {step} and no other group is training: "
+                       f"waiting up to rejoin_timeout={timeout:g} s for one")
+        deadline = time.monotonic() + timeout
+        while self.group.participants < 2:
+            if time.monotonic() > deadline:
+                raise ReplicasStopped(
+                    f"replica group {self.group.replica_id} resumed at step {step} and met no other group within "
+                    f"rejoin_timeout={timeout:g} s: training on alone could make a second model from a state the "
+                    f"others have passed. If they finished, the job is done (their checkpoints hold its model); if "
+                    f"they are starting, start this group again (a longer --rejoin_timeout waits longer); to train "
+                    f"this group on alone, start it with --rejoin_timeout=0")
+            time.sleep(1.0)
+            self._quorum()
+
     def before_update(self, step: Step) -> None:
         if self.local_steps:
             return
         step.committed = self.group.manager.should_commit()
+        self.group.pg.member |= step.committed
         self._count(step.number, step.committed, own_share=False)
 
     def after_update(self, step: Step) -> None:
-        if self.local_steps and step.number % self.local_steps == 0:  # (the optimizer's step met the others)
-            # torchft's local_sgd all-reduces every parameter (DiLoCo: its pseudo-gradient) once a meeting.
-            self.group.bytes_allreduced += sum(p.numel() * p.element_size() for p in self.run.model.parameters())
-            committed = self.group.manager.current_step() > self.meetings
-            self.meetings = self.group.manager.current_step()
-            self._count(step.number, committed, own_share=self.config.local_method == "localsgd",
-                        steps=self.local_steps)
+        if not (self.local_steps and step.number % self.local_steps == 0):
+            return
+        # The optimizer's step met the others (torchft's local_sgd: every parameter, DiLoCo its pseudo-gradient,
+        # all-reduced once a meeting).
+        self.group.bytes_allreduced += sum(p.numel() * p.element_size() for p in self.run.model.parameters())
+        committed = self.group.manager.current_step() > self.meetings
+        self.meetings = self.group.manager.current_step()
+        self._after_quorum()
+        first_meeting = not self.group.pg.member
+        self.group.pg.member |= committed
+        alone = self.group.participants < 2
+        if first_meeting and alone and self.run.resuming and self.config.rejoin_timeout and self.group.groups > 1:
+            raise ReplicasStopped(  # (torchft's meeting has no wait: the run stops, its checkpoint as it was)
+                f"replica group {self.group.replica_id} resumed at step {self.run.state.step - self.local_steps} and "
+                f"met no other group at its first meeting: training on alone could make a second model from a "
+                f"state the others have passed. If they finished, the job is done; if they are starting, start this "
+                f"group again; to train it on alone, start it with --rejoin_timeout=0")
+        # A group that took a peer's state at this meeting met with the peer's own weights: one share, not two.
+        copies = self._check_weights() if committed else 0
+        self._count(step.number, committed, own_share=self.config.local_method == "localsgd",
+                    steps=self.local_steps, copies=copies)
 
     def after_step(self, step: Step) -> None:
-        if not (self.local_steps or step.final):
-            self.group.manager.start_quorum()  # the next step's (a joining group takes a peer's state here)
+        if self.local_steps or step.final:
+            return
+        self._quorum()  # the next step's (a joining group takes a peer's state here)
+        if self.group.pg.reconfigured or self.run.state.step % self.config.replica_check_interval == 0:
+            self._check_weights()
 
-    def _count(self, number: int, committed: bool, own_share: bool, steps: int = 1) -> None:
+    def _check_weights(self) -> int:
+        """Compare this group's weights with those of the quorum's other groups at the same committed
+        step (training/replica_checks.py): equal, or the run stops naming who differs. Returns the
+        groups that took a peer's state at the last quorum. Every group of the quorum calls it at the
+        same moments (after a new quorum, every replica_check_interval steps, after a meeting)."""
+        group, manager = self.group, self.group.manager
+        group.pg.reconfigured = False
+        if manager.errored() or group.participants < 2:
+            return 0
+        model, device = self.run.model, self.run.device
+        head = torch.tensor([group.replica_id, manager.current_step(), self.healed], dtype=torch.float64, device=device)
+        mine = torch.cat([head, weights_fingerprint([local(p) for p in model.parameters()])])
+        try:
+            rows = group.pg.allgather_tensor(mine)
+        except Exception as error:  # (a peer lost: the manager drops the next step, as its own collectives would)
+            manager.report_error(error)
+            return 0
+        split = weight_split({int(row[0]): row[3:] for row in rows if row[1] == mine[1]},
+                             [name for name, _ in model.named_parameters()])
+        if distributed.any_rank(split is not None, self.run.ctx):  # (FSDP2: a shard a rank; the job stops together)
+            split = split or "another rank's shard differs"
+        if split:
+            raise ReplicasStopped(f"replica groups hold different weights at step {self.run.state.step}: {split}. They "
+                                  f"no longer train one model, and this run stops; their checkpoints since the last "
+                                  f"check (every replica_check_interval={self.config.replica_check_interval} steps) "
+                                  f"may differ too")
+        return int(sum(row[2] for row in rows))
+
+    def _count(self, number: int, committed: bool, own_share: bool, steps: int = 1, copies: int = 0) -> None:
         """The tokens of the ``steps`` global batches up to step ``number`` that reached this group's
-        weights, and those lost: ``committed``, the participants' shares; dropped, none (or the
-        group's own, where a dropped meeting keeps the local weights: ``own_share``)."""
+        weights, and those lost: ``committed``, the participants' shares but ``copies`` (groups that
+        met with a peer's weights); dropped, none (or the group's own, where a dropped meeting keeps
+        the local weights: ``own_share``)."""
         groups, schedule = self.group.groups, self.run.batches.schedule
         tokens = sum(schedule.tokens_per_step(n - 1) for n in range(number - steps + 1, number + 1))
         self.participants = self.group.participants
-        shares = self.participants if committed else int(own_share)
+        shares = self.participants - copies if committed else int(own_share)
         self.effective_batch = shares * schedule.phase(number - 1).batch // groups
         self.tokens_trained += tokens * shares // groups
         self.tokens_lost += tokens - tokens * shares // groups
         self.dropped += not committed
 
     def measure(self, step: Step) -> dict:
-        return {"replicas/participants": self.participants, "replicas/effective_batch": self.effective_batch,
-                "replicas/tokens_trained": self.tokens_trained, "replicas/tokens_lost": self.tokens_lost,
-                "replicas/dropped": self.dropped, "replicas/bytes_allreduced": self.group.bytes_allreduced}
+        record = {"replicas/participants": self.participants, "replicas/effective_batch": self.effective_batch,
+                  "replicas/tokens_trained": self.tokens_trained, "replicas/tokens_lost": self.tokens_lost,
+                  "replicas/dropped": self.dropped, "replicas/bytes_allreduced": self.group.bytes_allreduced}
+        if step.final:  # (what scripts.report compares across the groups: did they end with one model)
+            record["replicas/weights_sha256"] = weights_digest(self.run.model, self.run.ctx)
+        return record
 
     def close(self) -> None:
         if self.local is not None:
@@ -238,3 +368,12 @@ class ReplicaGroups(Part):
                                                                state["dropped"])
         self.group.bytes_allreduced = state["bytes_allreduced"]
         self.local_state = state.get("local")
+
+
+def weights_digest(model, ctx: Distributed) -> str:
+    """The sha256 of the model's weights as stored (every rank's shard under FSDP2, in rank order): equal
+    digests are bitwise-equal weights."""
+    digest = hashlib.sha256()
+    for parameter in model.parameters():
+        digest.update(local(parameter).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return hashlib.sha256("".join(distributed.all_gather_objects(digest.hexdigest(), ctx)).encode()).hexdigest()

@@ -176,6 +176,12 @@ def fingerprint(run_dir: Path) -> list[tuple]:
     return entries
 
 
+def resume_command(launcher: list[str], argv: list[str]) -> list[str]:
+    """The command that continues a run started with ``launcher`` and ``argv`` from its last checkpoint."""
+    dropped = [f"--{key}" for key in INVOCATION_KEYS]  # (this invocation's, not the run's)
+    return [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
+
+
 def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launcher: list[str],
           argv: list[str], evaluating: int = 0) -> str:
     """Where a run's files are and the commands that evaluate, continue and export it (printed at
@@ -185,8 +191,7 @@ def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launc
     any resume runs first. A model no Hugging Face class computes gets no export command, but why."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
-    dropped = [f"--{key}" for key in INVOCATION_KEYS]  # (this invocation's, not the run's)
-    resume = [*launcher, "train.py", *(arg for arg in argv if arg.split("=")[0] not in dropped), "--resume"]
+    resume = resume_command(launcher, argv)
     pending = f"step {evaluating}'s pending evaluation" if evaluating else ""
     lines = [f"run folder {run_dir}:",
              f"  checkpoint  {checkpoint} (step {step} of {total_steps}"
