@@ -7,6 +7,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from study import cbs
 from study.runs import BATCH_DECAY_KEYS, Run, Selection, Study, is_branch, paired, summary
@@ -158,6 +159,27 @@ def effective_batch_note(study: Study) -> str | None:
     return ("Trained part of the way without some of their replica groups (the mean sequences their steps "
             "averaged, docs/scaling_out.md): " + ", ".join(f"{study.label(r)} batch {r.batch_size} lr {r.lr:g} seed "
                                                           f"{r.seed}: {r.effective_batch:.1f}" for r in short) + ".")
+
+
+def replica_groups_note(study: Study) -> str | None:
+    """Whether each run of replica groups (training/replicas.py: its groups' folders replica_<id>)
+    ended with one model: the groups' final ``replicas/weights_sha256`` (the digest of their weights)."""
+    runs: dict[Path, dict[int, str]] = {}
+    for r in study.runs:
+        digest = r.final("replicas/weights_sha256")
+        if digest is not None and r.folder.name.startswith("replica_"):
+            runs.setdefault(r.folder.parent, {})[int(r.folder.name.split("_")[1])] = digest
+    if not runs:
+        return None
+    said = []
+    for folder, digests in sorted(runs.items()):
+        models = {}
+        for group, digest in sorted(digests.items()):
+            models.setdefault(digest, []).append(str(group))
+        said.append(f"{folder.name} (groups {', '.join(sorted(map(str, digests)))}): " +
+                    ("one model" if len(models) == 1 else
+                     "DIFFERENT MODELS, groups " + " | ".join(", ".join(groups) for groups in models.values())))
+    return "Replica groups' final weights (their digests, docs/scaling_out.md): " + "; ".join(said) + "."
 
 
 def max_logit_table(study: Study, best: dict) -> str:
@@ -589,7 +611,7 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
     if reaches_one_sequence(runs) if small_batch is None else small_batch:
         sections += small_batch_sections(study, best, report_on)
     sections += ["## Every lr of the grid", grid_table(study),
-                 *filter(None, [unfinished_note(study), effective_batch_note(study)]),
+                 *filter(None, [unfinished_note(study), effective_batch_note(study), replica_groups_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
                  max_logit_table(study, best)]
     cures = logit_cure_table(study, best)

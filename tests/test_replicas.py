@@ -269,6 +269,61 @@ def test_a_lighthouse_restarted_within_the_timeout_is_survived_and_one_gone_for_
     assert last_step(tmp_path / "lost" / "replica_0") == 60
 
 
+def test_groups_that_meet_with_different_weights_at_the_same_step_stop_naming_them(byte_shards, tmp_path, lighthouse):
+    """Two groups at the same committed step with different weights, which torchft takes for one
+    model (it moves state only to a group behind): both trained together to step 20, then each alone
+    to step 30 (--rejoin_timeout=0: on purpose), then resumed together. At their first quorum they
+    compare their weights' fingerprints and stop, naming the groups, the step and the difference."""
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=40", "--checkpoint_interval=10")
+    run_groups([*args, "--stop_at_step=20"], tmp_path / "together")
+    for group in range(2):
+        alone = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, f"--replica_id={group}", "--resume",
+                                "--rejoin_timeout=0", "--stop_at_step=30"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert alone.returncode == 0, alone.stderr[-3000:]
+    met = [start(group, [*args, "--resume"], tmp_path / f"met{group}.log") for group in range(2)]
+    for group, process in enumerate(met):
+        assert process.wait(timeout=120) == 1
+        last = (tmp_path / f"met{group}.log").read_text().strip().splitlines()[-1]
+        assert re.fullmatch(r"train.py: replica groups hold different weights at step 30: the weights differ between "
+                            r"group 0 \| group 1: \S+'s sum(?: of squares)? by \S+ of its scale\. They no longer train "
+                            r"one model, and this run stops; .*", last), last
+    assert [checkpoint(tmp_path / "run" / f"replica_{group}")["step"] for group in range(2)] == [30, 30]
+
+
+def test_at_the_diloco_meeting_where_a_group_rejoins_its_copied_share_is_not_counted(byte_shards, tmp_path,
+                                                                                     lighthouse):
+    """DiLoCo (H = 4), group 1 killed after its step-8 checkpoint and restarted: it trains to its next
+    meeting, where it takes group 0's state, so its pseudo-gradient there is a copy of group 0's. Both
+    groups' records of that meeting say 2 participants but one share trained (4 sequences, not 8);
+    the meetings after it count both."""
+    hold = tmp_path / "hold"
+    args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=60", "--local_steps=4",
+                      "--checkpoint_interval=4", "--optimizer=adamw", "--extra_parts=tests.replica_parts:Pace")
+    survivor_dir, failed_dir = tmp_path / "run" / "replica_0", tmp_path / "run" / "replica_1"
+    survivor = start(0, args, tmp_path / "group0.log", HOLD_FILE=str(hold))
+    failed = start(1, args, tmp_path / "group1.log")
+    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
+    wait_for(lambda: (failed_dir / "ckpt_00000008.pt").exists(), "group 1's step-8 checkpoint", both)
+    hold.touch()
+    failed.send_signal(signal.SIGKILL)
+    failed.wait()
+    killed_at = last_step(failed_dir)
+    rejoined = start(1, [*args, "--resume=auto"], tmp_path / "group1_again.log")
+    wait_for(lambda: last_step(failed_dir) > killed_at + 4, "group 1 back", [both[0], (rejoined, tmp_path / "group1_again.log")],
+             timeout=120)
+    hold.unlink()
+    finish(rejoined, tmp_path / "group1_again.log")
+    finish(survivor, tmp_path / "group0.log")
+    for run_dir in (survivor_dir, failed_dir):
+        meetings = [r for r in records(run_dir) if r["step"] % 4 == 0 and r["step"] > killed_at]
+        rejoin = next(r for r in meetings if r["replicas/participants"] == 2)
+        assert rejoin["replicas/effective_batch"] == 4, rejoin
+        assert all(r["replicas/effective_batch"] == 8 for r in meetings if r["step"] > rejoin["step"])
+        assert meetings[-1]["step"] == 60
+    assert records(survivor_dir)[-1]["replicas/weights_sha256"] == records(failed_dir)[-1]["replicas/weights_sha256"]
+
+
 def final_weights(run_dir: Path) -> dict:
     return {key: value.double() for key, value in checkpoint(run_dir)["model"].items()}
 

@@ -210,6 +210,21 @@ def test_a_replica_run_that_lost_a_group_reads_as_its_effective_batch(tmp_path):
     assert "adamw batch 16 lr 0.001 seed 1: 12.0." in report(list(runs.values()), target=None)
 
 
+def test_the_report_says_whether_each_run_s_replica_groups_ended_with_one_model(tmp_path):
+    """Two runs of two replica groups each (replica_0, replica_1): one whose groups' final weights
+    digests agree, one whose do not; the report names each run's verdict."""
+    for run, digests in (("agreed", ("aa", "aa")), ("split", ("aa", "bb"))):
+        for group, digest in enumerate(digests):
+            folder = tmp_path / run / f"replica_{group}"
+            write_run(folder, "adamw", 16, 1e-3, group, 2.0)
+            records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+            records[-1]["replicas/weights_sha256"] = digest
+            (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    text = report(find_runs([tmp_path]), target=None)
+    assert ("Replica groups' final weights (their digests, docs/scaling_out.md): agreed (groups 0, 1): one model; "
+            "split (groups 0, 1): DIFFERENT MODELS, groups 0 | 1.") in text
+
+
 def test_a_merit_ablation_is_never_merit(study):
     best = Study(find_runs([study])).best()
     assert {label for label, _ in best} == {"adamw", "merit", "merit (maxLAMB)"}

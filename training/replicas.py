@@ -24,6 +24,15 @@ read what one job of G x W ranks would. Then either:
   round's steps undone, the weights back at the last meeting's); a group that starts again trains
   until the next meeting, where it takes a live peer's state (its steps since are lost).
 
+That they train one model is checked, not assumed (torchft moves state only to a group behind the
+quorum's highest step): at every quorum whose membership changed, before any state moves, the groups
+exchange their job's identity and a group that trains something else is refused
+(training/replica_checks.py, in torchft's process group: training/torchft_adapter.py); every
+``replica_check_interval`` steps, after a membership change and after every meeting they compare
+their weights' fingerprint and stop on a difference; a group resumed from its checkpoint trains only
+beside another (``rejoin_timeout``); a lost lighthouse is waited for until ``replica_timeout``, then
+every group stops with its resume command.
+
 The quorum of a step is formed after the previous step (``ReplicaGroups.after_step``, the last
 part), so a joining group's new state is in place before the next step is numbered; the first
 quorum when the loop starts.
@@ -34,7 +43,9 @@ last step or meeting (``participants``) and the sequences whose gradients it ave
 group's weights (``tokens_trained``) and those that did not (``tokens_lost``: the groups missing
 from a step, a dropped step's whole batch), which add up to the run's ``tokens``; the steps or
 meetings dropped (``dropped``) and the bytes this rank sent to the cross-group all-reduces
-(``bytes_allreduced``). Its checkpoint holds the manager's state (its step and the batches
+(``bytes_allreduced``); the last record, the digest of the weights (``weights_sha256``). A meeting
+at which a group took a peer's state counts one share less: that group met with the peer's weights.
+Its checkpoint holds the manager's state (its step and the batches
 committed) and the local method's (the outer optimizer's momentum and the weights of the last
 meeting), so a whole-job restart resumes bitwise, also in the middle of a round.
 
@@ -197,6 +208,7 @@ class ReplicaGroups(Part):
         else:
             self._quorum()  # (a joining group takes a peer's state here)
             self._wait_for_a_peer()
+            self._check_weights_if_due()
 
     def _local_method(self):
         from torchft import local_sgd
@@ -286,6 +298,7 @@ class ReplicaGroups(Part):
                 f"group again; to train it on alone, start it with --rejoin_timeout=0")
         # A group that took a peer's state at this meeting met with the peer's own weights: one share, not two.
         copies = self._check_weights() if committed else 0
+        self.healed = False  # (torchft's next meeting asks for the next quorum itself)
         self._count(step.number, committed, own_share=self.config.local_method == "localsgd",
                     steps=self.local_steps, copies=copies)
 
@@ -293,6 +306,11 @@ class ReplicaGroups(Part):
         if self.local_steps or step.final:
             return
         self._quorum()  # the next step's (a joining group takes a peer's state here)
+        self._check_weights_if_due()
+
+    def _check_weights_if_due(self) -> None:
+        """After a quorum: the weights' check where the groups' membership changed or the step is due
+        (the same verdict on every group of the quorum: its members agree on both)."""
         if self.group.pg.reconfigured or self.run.state.step % self.config.replica_check_interval == 0:
             self._check_weights()
 
