@@ -299,19 +299,26 @@ def test_a_killed_fsdp_replica_group_rejoins_from_its_peer_s_shards(byte_shards,
     def participants(run_dir):
         return [r.get("replicas/participants") for r in records(run_dir) if "replicas/participants" in r]
 
-    task1 = array_task(tmp_path, 1, lighthouse)
-    # (group 0 paced at 80 ms a step, so that its steps outlast group 1's restart)
-    with started(command, cwd=tmp_path, env={**array_task(tmp_path, 0, lighthouse), "PACE_S": "0.08"}) as (survivor,):
+    task1, hold = array_task(tmp_path, 1, lighthouse), tmp_path / "hold"
+    # (group 0 held back, at slower steps, from group 1's kill until group 1 is back: its steps outlast the restart)
+    with started(command, cwd=tmp_path, env={**array_task(tmp_path, 0, lighthouse), "HOLD_FILE": str(hold)}) as (
+            survivor,):
         with started(command, cwd=tmp_path, env=task1) as (failed,):
             deadline = time.time() + TIMEOUT
             while not list(failed_dir.glob("ckpt_00000010.dcp")):
                 assert time.time() < deadline and failed.poll() is None, output_of(failed)[-3000:]
                 time.sleep(0.1)
+            hold.touch()
         # (leaving ``started`` killed every process of group 1's job)
         while participants(survivor_dir).count(1) < 3:
             assert time.time() < deadline and survivor.poll() is None, output_of(survivor)[-3000:]
             time.sleep(0.1)
+        killed_at = len(participants(failed_dir))
         with started(command, cwd=tmp_path, env=task1) as (rejoined,):  # (submitted again)
+            while len(participants(failed_dir)) <= killed_at:
+                assert time.time() < deadline and rejoined.poll() is None, output_of(rejoined)[-3000:]
+                time.sleep(0.1)
+            hold.unlink()
             finish(survivor, rejoined)
     weights = [load_model(run_dir / CHECKPOINT_NAME)[0].state_dict() for run_dir in (survivor_dir, failed_dir)]
     assert all(torch.equal(value, weights[1][key]) for key, value in weights[0].items())

@@ -99,6 +99,22 @@ def last_step(run_dir: Path) -> int:
         return 0
 
 
+def kill_group_1_after_its_checkpoint(step: int, args: list, tmp_path: Path, hold: Path | None = None):
+    """Both groups of ``args`` started, group 1 killed (SIGKILL) once its checkpoint of ``step`` is
+    written, from when group 0 is held back (``hold``: its steps slower, tests/replica_parts.py's
+    Pace). Returns group 0's process and group 1's last logged step."""
+    failed_dir = tmp_path / "run" / "replica_1"
+    survivor = start(0, args, tmp_path / "group0.log", **({"HOLD_FILE": str(hold)} if hold else {}))
+    failed = start(1, args, tmp_path / "group1.log")
+    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
+    wait_for(lambda: (failed_dir / f"ckpt_{step:08d}.pt").exists(), f"group 1's step-{step} checkpoint", both)
+    if hold:
+        hold.touch()
+    failed.send_signal(signal.SIGKILL)
+    failed.wait()
+    return survivor, last_step(failed_dir)
+
+
 def test_a_stalled_and_a_killed_group_leave_the_other_training_and_rejoin_bitwise_on_a_busy_machine(
         byte_shards, tmp_path, lighthouse, busy_machine):
     """Group 1 stopped (SIGSTOP) for 3 s, past the lighthouse's heartbeat and join timeouts (1 s), then
@@ -128,8 +144,8 @@ def test_a_stalled_and_a_killed_group_leave_the_other_training_and_rejoin_bitwis
     wait_for(lambda: logged(survivor_dir, lambda r: r["replicas/participants"] == 1 and r["step"] > killed_at,
                             at_least=5), "steps without group 1", both[:1])
     rejoined = start(1, [*args, "--resume=auto"], tmp_path / "group1_again.log")
-    wait_for(lambda: last_step(failed_dir) > killed_at, "group 1 back", [both[0], (rejoined, tmp_path / "group1_again.log")],
-             timeout=120)
+    wait_for(lambda: last_step(failed_dir) > killed_at, "group 1 back",
+             [both[0], (rejoined, tmp_path / "group1_again.log")], timeout=120)
     hold.unlink()
     finish(rejoined, tmp_path / "group1_again.log")
     finish(survivor, tmp_path / "group0.log")
@@ -166,12 +182,7 @@ def test_a_group_resumed_after_the_others_finished_does_not_train_alone(byte_sha
     args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=30", "--checkpoint_interval=10",
                       "--extra_parts=tests.replica_parts:Pace")
     failed_dir = tmp_path / "run" / "replica_1"
-    survivor = start(0, args, tmp_path / "group0.log")
-    failed = start(1, args, tmp_path / "group1.log")
-    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
-    wait_for(lambda: (failed_dir / "ckpt_00000010.pt").exists(), "group 1's step-10 checkpoint", both)
-    failed.send_signal(signal.SIGKILL)
-    failed.wait()
+    survivor, _ = kill_group_1_after_its_checkpoint(10, args, tmp_path)
     finish(survivor, tmp_path / "group0.log")
     again = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--replica_id=1", "--resume=auto",
                             "--rejoin_timeout=2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -184,35 +195,37 @@ def test_a_group_resumed_after_the_others_finished_does_not_train_alone(byte_sha
 
 def test_a_group_restarted_with_another_lr_or_optimizer_is_refused_before_any_state_moves(byte_shards, tmp_path,
                                                                                           lighthouse):
-    """Group 1 killed after its step-10 checkpoint, then started again with another lr (a resume with
-    --allow_changes=lr), and again as a new run with AdamW against the job's MERIT: each is refused
-    at its first quorum, its message naming the key and both values and the whole-job restart; group 0
+    """Group 1 killed after its step-10 checkpoint, then started again with another lr (refused by the
+    resume, which says a change is for every group; then with --allow_changes=lr), and again as a new
+    run with AdamW against the job's MERIT: the last two are refused at their first quorum, its message naming the key and both values and the whole-job restart; group 0
     drops the step each refusal interrupted and trains on alone, its record never counting group 1."""
     hold = tmp_path / "hold"
     args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=120", "--checkpoint_interval=10",
                       "--optimizer=merit", "--extra_parts=tests.replica_parts:Pace")
-    survivor_dir, failed_dir = tmp_path / "run" / "replica_0", tmp_path / "run" / "replica_1"
-    survivor = start(0, args, tmp_path / "group0.log", HOLD_FILE=str(hold))
-    failed = start(1, args, tmp_path / "group1.log")
-    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
-    wait_for(lambda: (failed_dir / "ckpt_00000010.pt").exists(), "group 1's step-10 checkpoint", both)
-    hold.touch()
-    failed.send_signal(signal.SIGKILL)
-    failed.wait()
+    survivor_dir = tmp_path / "run" / "replica_0"
+    survivor, _ = kill_group_1_after_its_checkpoint(10, args, tmp_path, hold)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for change, message in ((["--resume=auto", "--lr=5e-4", "--allow_changes=lr"],
-                             r"lr: 0\.0005 in group 1, 0\.01 in group 0\. .*--allow_changes=lr$"),
-                            (["--overwrite", "--optimizer=adamw"],
-                             r"optimizer: 'adamw' in group 1, 'merit' in group 0;.*--allow_changes=.*optimizer")):
+    refused = "replica group 1 is refused by the job's replica groups before any state moved between them: "
+    for change, message in (
+            # (the resume's own check first: a change is for every group)
+            (["--resume=auto", "--lr=5e-4"], r"resuming .* at step 10 would change what the run trains \(lr: "
+             r"checkpoint 0\.01, now 0\.0005\): .*--allow_changes=lr in a whole-job restart: every replica group "
+             r"stopped and started with it \(a group restarted alone with a change is refused by the others when it "
+             r"joins\)"),
+            (["--resume=auto", "--lr=5e-4", "--allow_changes=lr"],
+             refused + r"lr: 0\.0005 in group 1, 0\.01 in group 0\. .*--allow_changes=lr"),
+            (["--overwrite", "--optimizer=adamw"],
+             refused + r".*optimizer: 'adamw' in group 1, 'merit' in group 0;.*--allow_changes=.*optimizer.*")):
         joiner = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--replica_id=1", *change], cwd=ROOT,
                                 capture_output=True, text=True, timeout=120, env=env)
         assert joiner.returncode == 1, joiner.stderr[-3000:]
-        assert re.search(r"train.py: replica group 1 is refused by the job's replica groups before any state moved "
-                         r"between them: .*" + message, joiner.stderr.strip()), joiner.stderr[-3000:]
+        last = joiner.stderr.strip().splitlines()[-1]
+        assert re.fullmatch("train.py: " + message, last), last
         assert survivor.poll() is None, (tmp_path / "group0.log").read_text()[-3000:]
     hold.unlink()
     finish(survivor, tmp_path / "group0.log")
-    assert (tmp_path / "group0.log").read_text().count("replica group 0 refused group 1, which trains something else") == 2
+    said = (tmp_path / "group0.log").read_text()
+    assert said.count("replica group 0 refused group 1, which trains something else") == 2
     history = records(survivor_dir)
     assert history[-1]["step"] == 120 and history[-1]["replicas/dropped"] >= 2  # (two refusals'; the kill's)
     # Every step after the kill trained group 0's share alone, or none: group 1's never reached its weights.
@@ -260,9 +273,10 @@ def test_a_lighthouse_restarted_within_the_timeout_is_survived_and_one_gone_for_
                             rf"--resume", last), last
         resumes.append(shlex.split(last.split("resume this group with ")[1]))
     lighthouse_process.start()
-    resumed = [(subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stdout=(tmp_path / f"again{i}.log").open("w"),
-                                 stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}),
-                tmp_path / f"again{i}.log") for i, command in enumerate(resumes)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    resumed = [(subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stderr=subprocess.STDOUT,
+                                 stdout=(tmp_path / f"again{i}.log").open("w"), env=env), tmp_path / f"again{i}.log")
+               for i, command in enumerate(resumes)]
     for process, log in resumed:
         finish(process, log)
     assert digests("lost")[0] == digests("lost")[1]
@@ -301,17 +315,10 @@ def test_at_the_diloco_meeting_where_a_group_rejoins_its_copied_share_is_not_cou
     args = group_args(byte_shards, tmp_path, lighthouse, "--max_steps=60", "--local_steps=4",
                       "--checkpoint_interval=4", "--optimizer=adamw", "--extra_parts=tests.replica_parts:Pace")
     survivor_dir, failed_dir = tmp_path / "run" / "replica_0", tmp_path / "run" / "replica_1"
-    survivor = start(0, args, tmp_path / "group0.log", HOLD_FILE=str(hold))
-    failed = start(1, args, tmp_path / "group1.log")
-    both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
-    wait_for(lambda: (failed_dir / "ckpt_00000008.pt").exists(), "group 1's step-8 checkpoint", both)
-    hold.touch()
-    failed.send_signal(signal.SIGKILL)
-    failed.wait()
-    killed_at = last_step(failed_dir)
+    survivor, killed_at = kill_group_1_after_its_checkpoint(8, args, tmp_path, hold)
     rejoined = start(1, [*args, "--resume=auto"], tmp_path / "group1_again.log")
-    wait_for(lambda: last_step(failed_dir) > killed_at + 4, "group 1 back", [both[0], (rejoined, tmp_path / "group1_again.log")],
-             timeout=120)
+    wait_for(lambda: last_step(failed_dir) > killed_at + 4, "group 1 back",
+             [(survivor, tmp_path / "group0.log"), (rejoined, tmp_path / "group1_again.log")], timeout=120)
     hold.unlink()
     finish(rejoined, tmp_path / "group1_again.log")
     finish(survivor, tmp_path / "group0.log")

@@ -184,7 +184,10 @@ class Checkpoint:
                              + "; ".join(f"{key}: checkpoint {old!r}, now {new!r}"
                                          for key, (old, new) in refused.items())
                              + f"): resume with the checkpoint's settings, or apply the changes from step {self.step} "
-                             f"on with --allow_changes={','.join(sorted(allowed | refused.keys()))}")
+                             f"on with --allow_changes={','.join(sorted(allowed | refused.keys()))}"
+                             + (" in a whole-job restart: every replica group stopped and started with it (a group "
+                                "restarted alone with a change is refused by the others when it joins)"
+                                if config.get("replica_groups") else ""))
         return [{"step": self.step, "key": key, "from": old, "to": new} for key, (old, new) in changed.items()]
 
     def model_config(self, path: Path) -> GPTConfig:
