@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import train
+from configs import TrainConfig
 from data.shards import HEADER_BYTES
 from helpers import TINY_RUN
 
@@ -281,6 +282,17 @@ def test_replica_groups_without_torchft_say_how_to_install_it(workspace, monkeyp
     assert re.fullmatch(r"train.py: replica_groups=2 needs torchft \(.*\): pip install -r requirements-ft.txt",
                         str(exit_info.value.code))
     assert snapshot(out.parent) == before and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("address", ["notaurl", "localhost:29510", "http://host:port", "http://[::1", "ftp://h:1"])
+def test_a_lighthouse_address_not_of_the_form_http_host_port_is_refused_naming_it(address):
+    from training.replicas import lighthouse_address
+    config = TrainConfig(replica_groups=2, lighthouse=address, max_steps=1)
+    with pytest.raises(ValueError) as error:
+        lighthouse_address(config)
+    assert str(error.value) == (f"lighthouse={address!r} is not an address of the form http://HOST:PORT: pass the "
+                                f"address torchft_lighthouse listens on (its --bind port, 29510 by default)")
+    assert lighthouse_address(TrainConfig(replica_groups=2, lighthouse="http://[::1]:29510", max_steps=1))
 
 
 def test_a_lighthouse_nothing_listens_at_is_one_line_at_start_up(workspace, monkeypatch, tmp_path):

@@ -155,10 +155,10 @@ def lighthouse_address(config) -> str:
                          f"--lighthouse=http://HOST:PORT (of torchft_lighthouse) or set TORCHFT_LIGHTHOUSE")
     try:
         parts = urlsplit(lighthouse)
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        valid = parts.scheme in ("http", "https") and parts.hostname and parts.port is not None
+    except ValueError:  # (a port that is no number, a bracket left open)
+        valid = False
+    if not valid:
         raise ValueError(f"lighthouse={lighthouse!r} is not an address of the form http://HOST:PORT: pass the "
                          f"address torchft_lighthouse listens on (its --bind port, 29510 by default)")
     return lighthouse
