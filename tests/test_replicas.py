@@ -1,9 +1,16 @@
 """Replica groups on torchft (training/replicas.py), with the real pieces: torchft's lighthouse
 (its Rust binary), one train.py process a group, gloo between them.
 
-- A group killed with SIGKILL mid-run: the other trains on without it (its record says so: one
-  participant, half the batch, the tokens lost), the killed group started again takes the live
-  group's state and both end with the same weights and optimizer state, bitwise.
+- On a busy machine (six processes spinning beside the test), a group stalled (SIGSTOP) past the
+  lighthouse's timeouts, then killed with SIGKILL: the other trains on without it (its record says
+  so: one participant, half the batch, the tokens lost), the killed group started again takes the
+  live group's state and both end with the same weights and optimizer state, bitwise.
+- That the groups train one model (training/replica_checks.py): a group resumed after the others
+  finished does not train alone; one restarted with another lr or optimizer is refused before any
+  state moves; groups that meet with different weights at one step stop, naming them; at the DiLoCo
+  meeting where a group rejoins, its copied share is not counted.
+- The lighthouse killed and started again within replica_timeout: survived; killed for good: every
+  group ends with one line and its resume command, which continues the run.
 - LocalSGD with H = 1 and plain SGD inside, and gradients averaged every step, are data-parallel
   training at the same global batch (a one-process run, a second code path).
 - DiLoCo's outer step is a hand computation (float64) from the groups' own weights before each
