@@ -52,7 +52,7 @@ class Console(Part):
             tqdm.write(line)
 
     def after_step(self, step: Step) -> None:
-        self.progress.update()
+        self.progress.update(self.run.step - self.progress.n)  # (a replica group that took a peer's state jumps to it)
 
     def record(self, metrics: dict) -> None:
         self.latest.update(metrics)
