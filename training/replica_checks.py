@@ -8,8 +8,8 @@ the groups of a quorum:
   any state moves between the groups: the keys a resume compares (training/checkpoint.py's
   ``RECORDED``: the model, the optimizer and its settings, the schedule, the batch, the seeds),
   with the data as its shards' ``data.shards.fingerprint`` in place of the folder's path (another
-  cluster's copy lies elsewhere). The job's groups are those that took part in an earlier quorum;
-  a group that differs from them is refused, its message naming each key that differs and both
+  cluster's copy lies elsewhere). The job's groups are those that committed a step (or a meeting)
+  in their process; a group that differs from them is refused, its message naming each key that differs and both
   values. Where no group has trained yet (the job's start), a group that differs from the others'
   majority is refused, and every group where there is none.
 * **The weights' fingerprint**, every ``replica_check_interval`` steps, after a membership change
@@ -66,7 +66,7 @@ def job_identity(config: dict) -> dict:
 
 def refusals(entries: list[dict]) -> dict[int, str]:
     """{group: why it is refused} for the groups of a quorum, each entry ``{"group": id, "member":
-    whether it trained in an earlier quorum, "identity": its job_identity}`` (the module's rules):
+    whether it committed a step (or a meeting) in its process, "identity": its job_identity}`` (the module's rules):
     the keys that differ, both values, and how to make a change that every group is to make."""
     members = [e for e in entries if e["member"]]
     if members:

@@ -183,6 +183,7 @@ class ReplicaGroups(Part):
         self.participants = self.effective_batch = 0
         self.tokens_trained = self.tokens_lost = self.dropped = 0
         self.healed = False  # this group took a peer's state at the last quorum
+        self.resumed_at: int | None = None  # the step this process resumed its checkpoint at (start)
 
     @classmethod
     def build(cls, run) -> ReplicaGroups | None:
@@ -199,6 +200,7 @@ class ReplicaGroups(Part):
     # --- the run ---
     def start(self) -> None:
         manager, state = self.group.manager, self.run.state
+        self.resumed_at = state.step if self.run.resuming else None
         self.group.pg.check_identity(self.config.replica_id, job_identity(self.config.to_dict()), self.run.device)
         manager.register_state_dict_fn("run", self._load_peer_state, state.peer_state_dict)
         self.meetings = manager.current_step()
@@ -248,26 +250,32 @@ class ReplicaGroups(Part):
         if refusal is not None and self.run.ctx.is_main:
             tqdm.write(str(refusal))
 
+    def _must_meet_a_peer(self) -> bool:
+        """Whether this group may not train alone yet: resumed from its own checkpoint, it would train on
+        from a state the other groups may have passed (they may have finished since it stopped), into a
+        second model under the job's name (``rejoin_timeout`` 0: it may)."""
+        return self.resumed_at is not None and bool(self.config.rejoin_timeout) and self.group.groups > 1
+
+    def _alone(self, where: str) -> ReplicasStopped:
+        return ReplicasStopped(
+            f"replica group {self.group.replica_id} resumed at step {self.resumed_at} and met no other group "
+            f"{where}: training on alone could make a second model from a state the others have passed. If they "
+            f"finished, the job is done (their checkpoints hold its model); if they are starting, start this group "
+            f"again; to train this group on alone, start it with --rejoin_timeout=0")
+
     def _wait_for_a_peer(self) -> None:
-        """A group resumed from its own checkpoint trains beside another group, or not at all within
-        rejoin_timeout: alone, it would train on from a state the other groups may have passed (they
-        may have finished since it stopped), into a second model under the job's name."""
-        timeout, groups = self.config.rejoin_timeout, self.group.groups
-        if not (self.run.resuming and timeout and groups > 1) or self.group.participants > 1:
+        """A resumed group (``_must_meet_a_peer``) trains beside another group, or not at all within
+        rejoin_timeout."""
+        if not self._must_meet_a_peer() or self.group.participants > 1:
             return
-        step = self.run.state.step
+        timeout = self.config.rejoin_timeout
         if self.run.ctx.is_main:
-            tqdm.write(f"replica group {self.group.replica_id} resumed at step {step} and no other group is training: "
-                       f"waiting up to rejoin_timeout={timeout:g} s for one")
+            tqdm.write(f"replica group {self.group.replica_id} resumed at step {self.resumed_at} and no other group is "
+                       f"training: waiting up to rejoin_timeout={timeout:g} s for one")
         deadline = time.monotonic() + timeout
         while self.group.participants < 2:
             if time.monotonic() > deadline:
-                raise ReplicasStopped(
-                    f"replica group {self.group.replica_id} resumed at step {step} and met no other group within "
-                    f"rejoin_timeout={timeout:g} s: training on alone could make a second model from a state the "
-                    f"others have passed. If they finished, the job is done (their checkpoints hold its model); if "
-                    f"they are starting, start this group again (a longer --rejoin_timeout waits longer); to train "
-                    f"this group on alone, start it with --rejoin_timeout=0")
+                raise self._alone(f"within rejoin_timeout={timeout:g} s (a longer one waits longer)")
             time.sleep(1.0)
             self._quorum()
 
@@ -289,13 +297,8 @@ class ReplicaGroups(Part):
         self._after_quorum()
         first_meeting = not self.group.pg.member
         self.group.pg.member |= committed
-        alone = self.group.participants < 2
-        if first_meeting and alone and self.run.resuming and self.config.rejoin_timeout and self.group.groups > 1:
-            raise ReplicasStopped(  # (torchft's meeting has no wait: the run stops, its checkpoint as it was)
-                f"replica group {self.group.replica_id} resumed at step {self.run.state.step - self.local_steps} and "
-                f"met no other group at its first meeting: training on alone could make a second model from a "
-                f"state the others have passed. If they finished, the job is done; if they are starting, start this "
-                f"group again; to train it on alone, start it with --rejoin_timeout=0")
+        if first_meeting and self._must_meet_a_peer() and self.group.participants < 2:
+            raise self._alone("at its first meeting")  # (torchft's meeting has no wait: its checkpoint as it was)
         # A group that took a peer's state at this meeting met with the peer's own weights: one share, not two.
         copies = self._check_weights() if committed else 0
         self.healed = False  # (torchft's next meeting asks for the next quorum itself)

@@ -51,15 +51,13 @@ class _IdentityCheck:
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         """Every group's ``payload`` (in the quorum's order), of any lengths."""
         length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
-        lengths = self._allgather(length)
+        lengths = self.allgather_tensor(length)
         buffer = torch.zeros(int(max(lengths)), dtype=torch.uint8, device=self.device)
         buffer[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        return [bytes(row[:int(n)].cpu().numpy()) for row, n in zip(self._allgather(buffer), lengths)]
+        return [bytes(row[:int(n)].cpu().numpy()) for row, n in zip(self.allgather_tensor(buffer), lengths)]
 
     def allgather_tensor(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        return self._allgather(tensor)
-
-    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every group's ``tensor`` (of one shape), in the quorum's order."""
         gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
         self.allgather([gathered], [tensor], AllgatherOptions()).wait()
         return gathered
@@ -101,10 +99,11 @@ class Manager(torchft.Manager):
             waited = (timeout or self._quorum_timeout).total_seconds()
             state = "does not answer" if not reachable(self.lighthouse) else "formed no quorum with this group"
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            port = urlsplit(self.lighthouse).port
             raise LighthouseLost(f"the lighthouse at {self.lighthouse} {state} within replica_timeout={waited:g} s "
                                  f"(torchft: {reason}): every group stops here. Start the lighthouse again on its "
-                                 f"address (torchft_lighthouse --min_replicas N --bind [::]:{urlsplit(self.lighthouse).port}"
-                                 f"), then every group with --resume") from error
+                                 f"address (torchft_lighthouse --min_replicas N --bind [::]:{port}), then every group "
+                                 f"with --resume") from error
 
 
 class _QuorumIds:
