@@ -351,10 +351,9 @@ def test_the_small_batch_end_s_findings():
     # 6. Accumulation: the study's wall time and losses, and bench_batch's table (docs/performance.md).
     seconds = "seconds per million tokens (median)"
     ratio = float(wall[half, "1"][seconds]) / float(wall[half, "32"][seconds])
-    table = first_table((ROOT / "docs" / "performance.md").read_text(), "**Small batches.**").splitlines()
-    assert [c.strip() for c in table[0].split("|")][1:7] == ["batch = micro-batch x accumulation", "AdamW us/token before",
-                                                             "after", "tokens/s after", "vs 64 before", "after"]
-    adamw_vs_64 = {cells[1]: cells[6] for cells in ([c.strip() for c in line.split("|")] for line in table[2:])}
+    table = parse_table(first_table((ROOT / "docs" / "performance.md").read_text(), "### Small batches"))
+    assert list(table[0])[:4] == ["batch = micro-batch x accumulation", "AdamW us/token", "tokens/s", "vs 64"]
+    adamw_vs_64 = {row["batch = micro-batch x accumulation"]: row["vs 64"] for row in table}
     says(accumulation, f"costs {ratio:.1f}x a batch-32 one", f"{wall[half, '1'][seconds]} s per million tokens at batch 1 "
                        f"against {wall[half, '32'][seconds]} at 32", f"ends at {means[4]} at batch 32 against {means[0]}",
          f"cost {adamw_vs_64['64 = 1 x 64']} a batch-64 token against {adamw_vs_64['1 = 1 x 1']} for 64 steps")
