@@ -4,8 +4,9 @@ equals the first table under SECTION of ``scripts/report.py``'s report of the ru
 (docs/), each archive's committed report.md beside it is that report whole, and the count of paper
 configs is the count of files. Each study's page (docs/results/) opens with what it found, and
 each number of its findings, and of the index's line for it (docs/results.md), is held here against
-the cells of the same reports, with what a finding says of them (lowest, every interval including
-0, ...)."""
+the cells of the same reports (``holds``: the numbers, in their order, whatever the words around
+them), with what a finding says of them (lowest, every interval including 0, ...) checked on the
+cells themselves."""
 import functools
 import re
 
@@ -94,9 +95,23 @@ def index_line(title: str) -> str:
     return flat((ROOT / "docs" / "results.md").read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0])
 
 
-def says(text: str, *fragments: str) -> None:
-    for fragment in fragments:
-        assert fragment in text, f"{fragment!r} is not in: {text}"
+# A number as the docs and the reports write it: a sign (+, -, ±) where it has one, thousands
+# separated by commas, a decimal part, an exponent ("6.7e-3"); not a part of a name ("layer_03").
+NUMBER = re.compile(r"(?<![\w.])[-+±]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def numbers(text: str) -> list[str]:
+    return NUMBER.findall(text)
+
+
+def holds(text: str, *values) -> None:
+    """The numbers of ``values`` (each a number or a cell holding several: "+0.020 [-0.017, +0.056]")
+    are numbers of ``text`` as written, in this order, whatever the words around and between them."""
+    wanted = [number for value in values for number in numbers(str(value))]
+    assert wanted, "nothing to hold"
+    found = iter(numbers(text))
+    missing = next((number for number in wanted if not any(number == other for other in found)), None)
+    assert missing is None, f"{wanted} are not the numbers of (in this order; first missing {missing}): {text}"
 
 
 def interval(cell: str) -> tuple[float, float]:
@@ -144,8 +159,10 @@ def test_a_readme_table_is_the_report_s(archive, select_on, report_on, section, 
 
 
 def test_the_paper_config_count_is_the_number_of_files():
-    stated = re.search(r"one editable file per point \((\d+) files", (ROOT / "docs" / "configs.md").read_text())
-    assert int(stated.group(1)) == len(list((ROOT / "configs" / "paper").glob("*.py")))
+    """docs/configs.md's first number after it names `configs/paper/` is how many files it holds."""
+    text = (ROOT / "docs" / "configs.md").read_text()
+    stated = numbers(text.split("`configs/paper/`", 1)[1])[0]
+    assert int(stated) == len(list((ROOT / "configs" / "paper").glob("*.py")))
 
 
 def test_filling_blocks_keeps_the_text_around_them_an_empty_block_included():
@@ -167,7 +184,7 @@ def slug(heading: str) -> str:
 def test_the_results_index_reaches_every_study_page_and_the_links_resolve():
     """docs/results.md links each study's page and no other; the study pages' relative links (their
     figures, each other) resolve (tests/test_repo.py checks docs/*.md's), and every link to a
-    page's section (README.md's to the index's) names a heading of that page."""
+    page's section (README.md's to the index's, a page's to its own) names a heading of that page."""
     index = (ROOT / "docs" / "results.md").read_text()
     assert set(re.findall(r"\]\((results/[\w.-]+\.md)\)", index)) == {f"results/{page}" for page in STUDY_PAGES}
     assert {p.name for p in RESULTS.glob("*.md")} == set(STUDY_PAGES)
@@ -178,6 +195,9 @@ def test_the_results_index_reaches_every_study_page_and_the_links_resolve():
         for target, anchor in re.findall(r"\]\(([^)#:\s]+\.md)#([^)]+)\)", page.read_text()):
             headings = re.findall(r"^#+ (.+)$", (page.parent / target).read_text(), re.M)
             assert anchor in {slug(h) for h in headings}, (page.name, target, anchor)
+        own = {slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+        for anchor in re.findall(r"\]\(#([^)]+)\)", page.read_text()):
+            assert anchor in own, (page.name, anchor)
 
 
 def test_each_study_page_opens_with_what_it_found_naming_its_tables():
@@ -206,30 +226,28 @@ def test_the_default_job_s_findings():
     peak = {key: r["peak max logit (largest layer and seed)"] for key, r in grid.items()}
     job, best, ranking, runaway, clip = findings("default_job.md")
     # The measured job: its val loss and per-layer logits are the grid's run's at its lr.
-    measured = dict(list(r.values()) for r in parse_table(first_table(page, "the README's first command on a fresh")))
+    measured = dict(list(r.values()) for r in parse_table(first_table(page, "## The job")))
     assert re.search(r"\*\*([\d.]+)\*\*", measured["val loss at step 0 / 400 / 800 / 1200"]).group(1) == loss["0.0067"]
     layers = rows(DEMO, "## Max attention logit per layer")
     merit = next(r for r in layers if r["point"] == "merit" and r["lr"] == "0.0067 (selected)")
     assert measured["final max attention logit, layers 0-3 (probe batch)"] == " / ".join(
         merit[f"layer_0{i}"].split(" / ")[1] for i in range(4))
-    says(job, f"val loss {loss['0.0067']}", f"in {measured['whole command (venv, install, data, training, sample)']}")
+    holds(job, loss["0.0067"], measured["whole command (venv, install, data, training, sample)"])
     assert selected_lr(final["merit"]) == "0.0067" and min(loss.values(), key=float) == loss["0.0067"]
     assert set(loss) == {"0.0022", "0.0067", "0.02", "0.06"}
-    says(best, f"{loss['0.0067']} against {loss['0.0022']} at 2.2e-3, {loss['0.02']} at 2e-2 and {loss['0.06']} at 6e-2")
+    holds(best, loss["0.0067"], loss["0.0022"], loss["0.02"], loss["0.06"])
     means = {point: mean(cell) for point, cell in final.items()}
     assert float(means["muon"]) < float(means["adamw"]) < float(means["merit"])
-    says(ranking, f"Muon {means['muon']}, AdamW {means['adamw']}, MERIT {means['merit']}")
+    holds(ranking, means["muon"], means["adamw"], means["merit"])
     assert selected_lr(final["adamw"]) == "0.003"
-    says(runaway, f"{peak['merit', '0.0067']} at 6.7e-3, {peak['merit', '0.02']} at 2e-2 and {peak['merit', '0.06']} "
-                  f"at 6e-2", f"AdamW's is {peak['adamw', '0.003']} at its best lr and {peak['adamw', '0.01']} at 0.01")
+    holds(runaway, peak["merit", "0.0067"], peak["merit", "0.02"], peak["merit", "0.06"], peak["adamw", "0.003"],
+          peak["adamw", "0.01"])
     diverge = {r["point"]: [r[f"layer_0{i}"].split(" / ")[1] for i in range(4)]
                for r in rows(DIVERGE, "## Max attention logit per layer")}
     with_clip, without = extremes(diverge["adamw + qk_clip 100"]), extremes(diverge["adamw"])
     diverged = {r["point"]: mean(r["batch 16"]) for r in rows(DIVERGE, "## Final val/loss")}
-    says(clip, f"{with_clip[0]} to {with_clip[1]} with it and {without[0]} to {without[1]} without",
-         f"val loss {diverged['adamw + qk_clip 100']} against {diverged['adamw']}")
-    says(index_line("The default job"),
-         f"MERIT ends at val loss {means['merit']}, AdamW at {means['adamw']} and Muon at {means['muon']}")
+    holds(clip, *with_clip, *without, diverged["adamw + qk_clip 100"], diverged["adamw"])
+    holds(index_line("The default job"), means["merit"], means["adamw"], means["muon"])
 
 
 def test_the_batch_axis_findings():
@@ -245,28 +263,25 @@ def test_the_batch_axis_findings():
     for b in BATCHES:
         assert means["muon", b] == min((m for (_, batch), m in means.items() if batch == b), key=float)
         assert excludes_zero(delta["muon", b])
-    says(lowest, f"{', '.join(muon[:3])} and {muon[3]} at batches 8, 32, 128 and 512",
-         f"{delta['muon', '8']} at batch 8 to {delta['muon', '512']} at batch 512, every interval excluding 0")
+    holds(lowest, *muon, delta["muon", "8"], delta["muon", "512"])
     cells = [delta["merit", b] for b in BATCHES]
     assert not any(excludes_zero(cell) for cell in cells)
-    says(merit, f"{', '.join(cells[:3])} and {cells[3]} at batches 8 to 512, every interval including 0")
+    holds(merit, *cells)
     for b in BATCHES:
         m, l_ = final["merit"][f"batch {b}"], final["lamb"][f"batch {b}"]
         assert abs(float(mean(m)) - float(mean(l_))) <= spread(m, "[±") + spread(l_, "[±")  # the intervals overlap
         if b != "512":
             assert abs(float(mean(m)) - float(mean(l_))) < 0.03
-    says(lamb, "within 0.03 of each other at batches 8 to 128",
-         f"MERIT's {float(means['lamb', '512']) - float(means['merit', '512']):.3f} lower at 512 "
-         f"({means['merit', '512']} against {means['lamb', '512']})")
+    holds(lamb, 0.03, f"{float(means['lamb', '512']) - float(means['merit', '512']):.3f}", means["merit", "512"],
+          means["lamb", "512"])
     for point in final:
         values = [float(means[point, b]) for b in BATCHES if (point, b) in means]
         assert values == sorted(values) and len(set(values)) == len(values), point
-    says(growth, f"AdamW's from {means['adamw', '8']} to {means['adamw', '512']}, "
-                 f"MERIT's from {means['merit', '8']} to {means['merit', '512']}")
+    holds(growth, means["adamw", "8"], means["adamw", "512"], means["merit", "8"], means["merit", "512"])
     selected = {(point, b): selected_lr(final[point][f"batch {b}"]) for point, b in means}
     at_best = sorted(((peak[point, b, lr], point, b) for (point, b), lr in selected.items()), key=lambda x: float(x[0]))
     assert at_best[-1][1:] == ("lamb", "512")
-    says(logits, f"LAMB's {at_best[-1][0]} at batch 512, every other {at_best[-2][0]} or less")
+    holds(logits, at_best[-1][0], at_best[-2][0])
 
     def at_three_times(points):
         values = []
@@ -275,23 +290,20 @@ def test_the_batch_axis_findings():
                 [hit] = [p for (q, batch, other), p in peak.items()
                          if q == point and batch == b and abs(float(other) / float(lr) - 3) < 0.06]
                 values.append(hit)
-        return "{} to {}".format(*extremes(values))
-    says(logits, f"LAMB and MERIT reach {at_three_times({'lamb', 'merit'})}", f"AdamW {at_three_times({'adamw'})}",
-         f"Muon {at_three_times({'muon'})}")
+        return extremes(values)
+    holds(logits, *at_three_times({"lamb", "merit"}), *at_three_times({"adamw"}), *at_three_times({"muon"}))
     clipped = {point: means[point + " + qk_clip 10", "512"] for point in ("adamw", "muon")}
     assert clipped == {point: means[point, "512"] for point in ("adamw", "muon")}
     tau_peaks = [peak[point + " + qk_clip 10", "512", selected[point + " + qk_clip 10", "512"]] for point in ("adamw", "muon")]
     assert all(float(p) < 10 for p in tau_peaks)
-    says(clip, f"({clipped['adamw']} and {clipped['muon']}", f"{tau_peaks[0]} and {tau_peaks[1]}, are below tau")
+    holds(clip, clipped["adamw"], clipped["muon"], *tau_peaks)
     triple = {point: [peak[q, "512", lr] for q, b, lr in grid if q == point and b == "512"
                       and float(lr) / float(selected["adamw" if "adamw" in point else "muon", "512"]) > 2.9]
               for point in ("adamw", "adamw + qk_clip 10", "muon", "muon + qk_clip 10")}
-    says(flat((RESULTS / "batch_axis.md").read_text()),
-         f"AdamW's peak {triple['adamw + qk_clip 10'][0]} with it against {triple['adamw'][0]} without, "
-         f"Muon's {triple['muon + qk_clip 10'][0]} against {triple['muon'][0]}")
+    holds(flat((RESULTS / "batch_axis.md").read_text()), triple["adamw + qk_clip 10"][0], triple["adamw"][0],
+          triple["muon + qk_clip 10"][0], triple["muon"][0])
+    # The index's line says no interval of MERIT's excludes 0 and every one of Muon's does (the cells above).
     assert not any(excludes_zero(cell) for cell in cells) and all(excludes_zero(delta["muon", b]) for b in BATCHES)
-    says(index_line("The batch axis"), "No interval of MERIT's difference from AdamW excludes 0 at any of the four "
-                                       "batches, while Muon's all do")
 
 
 SMALL_END, SMALL_BATCHES = "The small-batch end (Marek et al. 2025)", ("1", "2", "4", "8", "32")
@@ -324,40 +336,35 @@ def test_the_small_batch_end_s_findings():
     small_end = [r for r in grid if r["batch"] in SMALL_BATCHES and r["point"] not in ("adamw", "merit", "muon")]
     assert small_end and all(r["seeds finished"].split(" of ")[0] == r["seeds finished"].split(" of ")[1]
                              for r in small_end)
-    says(stable, f"{', '.join(means[:4])} and {means[4]} at batches 1, 2, 4, 8 and 32",
-         f"at batch 512 ({mean(final['adamw']['batch 512'])}) by {cells[0]} at batch 1 and {cells[4]} at 32",
-         "every interval excluding 0")
+    holds(stable, *means, mean(final["adamw"]["batch 512"]), cells[0], cells[4])
     # 2. half-life against fixed betas where both ran.
     assert not any(excludes_zero(same[half, b][vs_fixed]) for b in ("8", "32"))
-    says(half_life, f"{same[half, '8'][vs_fixed]} at batch 8 and {same[half, '32'][vs_fixed]} at 32")
+    holds(half_life, same[half, "8"][vs_fixed], same[half, "32"][vs_fixed])
     # 3. Adafactor and SGD against AdamW (beta2 by half-life) at the same batch.
     adafactor, sgd = ([same[point, b][vs_half] for b in SMALL_BATCHES] for point in ("adafactor", "sgd"))
     assert not any(map(excludes_zero, adafactor)) and all(interval(c)[0] > 0 for c in sgd)
     assert min(sgd, key=lambda c: float(mean(c))) == sgd[0]
-    says(rivals, f"Adafactor {', '.join(adafactor[:4])} and {adafactor[4]} at batches 1 to 32, every interval including 0",
-         f"SGD {', '.join(sgd[:4])} and {sgd[4]}, every interval excluding 0, its gap smallest at batch 1")
+    holds(rivals, *adafactor, *sgd)
     # 4. MERIT and Muon (beta2 by half-life) at the small end.
     merit_cells = [same["merit (beta2 by half-life)", b][vs_half] for b in ("1", "4")]
     muon_cell = same["muon (beta2 by half-life)", "4"][vs_half]
     assert all(interval(c)[0] > 0 for c in merit_cells) and interval(muon_cell)[1] < 0
-    says(merit, f"{merit_cells[0]} at batch 1 and {merit_cells[1]} at 4", f"{muon_cell} at 4")
+    holds(merit, *merit_cells, muon_cell)
     # 5. The range of good lrs: batch 1's width is no optimizer's widest.
     width = "width, interpolated in log lr"
-    for point, name in ((half, "AdamW"), ("adafactor", "Adafactor"), ("sgd", "SGD")):
+    for point in (half, "adafactor", "sgd"):
         widths = [good[point, b][width] for b in SMALL_BATCHES]
         assert any(float(w.removeprefix("≥ ")) > float(widths[0]) for w in widths[1:])
-        says(robust, f"{name}, {widths[0]} at batch 1 against " if name == "AdamW" else f"{name} {widths[0]} against ",
-             f"{widths[0]} {'at batch 1 ' if name == 'AdamW' else ''}against {', '.join(widths[1:4])} and {widths[4]}")
+        holds(robust, *widths)
     # 6. Accumulation: the study's wall time and losses, and bench_batch's table (docs/performance.md).
     seconds = "seconds per million tokens (median)"
     ratio = float(wall[half, "1"][seconds]) / float(wall[half, "32"][seconds])
     table = parse_table(first_table((ROOT / "docs" / "performance.md").read_text(), "### Small batches"))
     assert list(table[0])[:4] == ["batch = micro-batch x accumulation", "AdamW us/token", "tokens/s", "vs 64"]
     adamw_vs_64 = {row["batch = micro-batch x accumulation"]: row["vs 64"] for row in table}
-    says(accumulation, f"costs {ratio:.1f}x a batch-32 one", f"{wall[half, '1'][seconds]} s per million tokens at batch 1 "
-                       f"against {wall[half, '32'][seconds]} at 32", f"ends at {means[4]} at batch 32 against {means[0]}",
-         f"cost {adamw_vs_64['64 = 1 x 64']} a batch-64 token against {adamw_vs_64['1 = 1 x 1']} for 64 steps")
-    says(index_line("The batch axis"), f"by {cells[0]} at batch 1")
+    holds(accumulation, f"{ratio:.1f}", wall[half, "1"][seconds], wall[half, "32"][seconds], means[4], means[0],
+          adamw_vs_64["64 = 1 x 64"], adamw_vs_64["1 = 1 x 1"])
+    holds(index_line("The batch axis"), cells[0])
 
 
 def test_the_benchmark_findings():
@@ -370,33 +377,25 @@ def test_the_benchmark_findings():
 
     near = [mean(vs_muon["dmuon", b]) for b in BATCHES]
     assert [b for b in BATCHES if excludes_zero(vs_muon["dmuon", b])] == ["32"]
-    says(dmuon, f"within {max(abs(float(d)) for d in near):.3f} of it", f"({', '.join(near[:3])} and\n{near[3]}"
-         .replace("\n", " "), f"batch 32's {vs_muon['dmuon', '32']} the one interval excluding 0")
     ahead = [vs_merit[point, b] for point in ("dmuon", "muon") for b in BATCHES]
     assert all(excludes_zero(cell) and float(mean(cell)) < 0 for cell in ahead)
-    says(dmuon, "ahead of MERIT by {} to {} at every batch, every interval excluding 0".format(
-        *(f"{abs(float(d)):.3f}" for d in extremes([mean(cell) for cell in ahead])[::-1])))
-    says(soap, f"{vs_muon['soap', '8']} and {vs_muon['soap', '32']} against it there",
-         f"{vs_muon['soap', '128']} and {vs_muon['soap', '512']} at 128 and 512",
-         f"against MERIT {vs_merit['soap', '8']} and {vs_merit['soap', '32']} at 8 and 32",
-         f"{vs_merit['soap', '128']} at 128 and {vs_merit['soap', '512']} at 512")
+    holds(dmuon, f"{max(abs(float(d)) for d in near):.3f}", *near, vs_muon["dmuon", "32"],
+          *(f"{abs(float(d)):.3f}" for d in extremes([mean(cell) for cell in ahead])[::-1]))
+    holds(soap, *(vs_muon["soap", b] for b in BATCHES), *(vs_merit["soap", b] for b in BATCHES))
     assert all(abs(float(mean(vs_muon["soap", b]))) < 0.03 for b in ("8", "32"))
-    says(mars, f"{vs_adamw['mars', '8']} and {vs_adamw['mars', '512']}", f"ahead of MERIT at 8, {vs_merit['mars', '8']}",
-         f"behind it at 128, {vs_merit['mars', '128']}")
+    holds(mars, vs_adamw["mars", "8"], vs_adamw["mars", "512"], vs_merit["mars", "8"], vs_merit["mars", "128"])
     named = {("adamw", "8"), ("adamw", "512"), ("merit", "8"), ("merit", "128")}
     for reference, table in (("adamw", vs_adamw), ("merit", vs_merit)):
         for b in BATCHES:
             assert excludes_zero(table["mars", b]) == ((reference, b) in named), (reference, b)
             assert excludes_zero(table["adamw_schedulefree", b]) == (b == "8"), (reference, b)
-    says(schedulefree, f"{vs_adamw['adamw_schedulefree', '8']} and {vs_merit['adamw_schedulefree', '8']}")
+    holds(schedulefree, vs_adamw["adamw_schedulefree", "8"], vs_merit["adamw_schedulefree", "8"])
     highest = [mean(final["ademamix"][f"batch {b}"]) for b in BATCHES[1:]]
     for b, value in zip(BATCHES[1:], highest):
         assert value == max((mean(r[f"batch {b}"]) for r in final.values()), key=float), b
     assert all(excludes_zero(cell) for cell in (vs_merit["ademamix", "32"], vs_merit["ademamix", "128"],
                                                 vs_adamw["ademamix", "32"]))
-    says(ademamix, f"{highest[0]}, {highest[1]} and {highest[2]}",
-         f"behind MERIT by {vs_merit['ademamix', '32']} and {vs_merit['ademamix', '128']} at 32 and 128",
-         f"AdamW by {vs_adamw['ademamix', '32']} at 32")
+    holds(ademamix, *highest, vs_merit["ademamix", "32"], vs_merit["ademamix", "128"], vs_adamw["ademamix", "32"])
     # The logits paragraph, from the report's per-layer table at the selected lrs.
     layers = {(r["point"], r["batch"]): r for r in rows(BENCHMARK, "## Max attention logit per layer")
               if r["lr"].endswith("(selected)")}
@@ -406,13 +405,13 @@ def test_the_benchmark_findings():
     assert at_8[1:] == ("ademamix", 3)
     last = {point: peaks[point, "8"][3] for point in ("ademamix", "adamw_schedulefree", "mars", "merit", "adamw")}
     assert all(float(p) < 6 for (point, b), values in peaks.items() if b == "512" and point != "soap" for p in values)
-    says(flat((RESULTS / "benchmark.md").read_text()),
-         f"AdEMAMix {last['ademamix']}, Schedule-Free {last['adamw_schedulefree']}, MARS {last['mars']}, "
-         f"MERIT {last['merit']}, AdamW {last['adamw']}", f"SOAP's first layer peaks at {peaks['soap', '512'][0]}")
+    page = flat((RESULTS / "benchmark.md").read_text())
+    holds(page, *last.values())
+    holds(page, peaks["soap", "512"][0])
+    # The index's line: only D-Muon at every batch and SOAP at 8 and 32 come within 0.032 of Muon.
     within = {(point, b) for (point, b), cell in vs_muon.items() if abs(float(mean(cell))) <= 0.032}
     assert within == {("dmuon", b) for b in BATCHES} | {("soap", "8"), ("soap", "32")}
-    says(index_line("The 2025 benchmark's optimizers"),
-         "Only D-Muon at every batch and SOAP at batches 8 and 32 come within 0.032 of Muon")
+    holds(index_line("The 2025 benchmark's optimizers"), 0.032)
 
 
 def test_the_critical_batch_findings():
@@ -427,45 +426,42 @@ def test_the_critical_batch_findings():
     paper, interval_rule, no_ramp, merit, simple = findings("critical_batch.md")
     # The paper's rule: B* 2 to 8 everywhere; the 2x batch behind the 1x on the mean, by more than epsilon but at one.
     assert {r["B*"] for r in cells} <= {"2", "4", "8"} and {r["k* (eps 0.01)"] for r in cells} <= {"0.25", "0.5", "1"}
+    epsilon = re.search(r"eps ([\d.]+)", next(key for key in cells[0] if key.startswith("k*"))).group(1)
     doubled = {(opt, s): by_k(cbs[opt][s])["2"] for opt in optimizers for s in steps}
     assert all(float(d) > 0 for d, _ in doubled.values())
-    within = [(opt, s, d) for (opt, s), (d, _) in doubled.items() if float(d) <= 0.01]
-    assert within == [("lamb", "64", "+0.0096")]
-    says(paper, "B* is 2 to 8 sequences at every checkpoint, for all four optimizers", "(k* = 0.25 to 1)",
-         "by {} to {}, more than epsilon = 0.01 everywhere but LAMB's step 64 (+0.0096)".format(
-             *extremes([d for d, _ in doubled.values()])))
+    within = [(opt, s, d) for (opt, s), (d, _) in doubled.items() if float(d) <= float(epsilon)]
+    assert [(opt, s) for opt, s, _ in within] == [("lamb", "64")]
+    holds(paper, *extremes([r["B*"] for r in cells]), *extremes([r["k* (eps 0.01)"] for r in cells]),
+          *extremes([d for d, _ in doubled.values()]), epsilon, within[0][1], within[0][2])
     # Over k >= 1: the parent's batch but at LAMB's step 64; the interval rule's span and the 2x half-widths.
     assert [(opt, s) for opt in optimizers for s in steps if cbs[opt][s]["B* over k >= 1"] != "8"] == [("lamb", "64")]
     assert cbs["lamb"]["64"]["B* over k >= 1"] == "16"
-    says(interval_rule, "B* is the parent's batch, 8, at every checkpoint but LAMB's step 64 (16)",
-         "the interval rule gives {} to {}".format(*extremes([r["B* (interval)"] for r in cells])),
-         "half-widths are ±{} to ±{}".format(*extremes([hw for _, hw in doubled.values()])))
+    holds(interval_rule, "8", "64", cbs["lamb"]["64"]["B* over k >= 1"], *extremes([r["B* (interval)"] for r in cells]),
+          *(f"±{hw}" for hw in extremes([hw for _, hw in doubled.values()])))
     # The ramp: the paper's B* never at twice the batch (16) for the ramped optimizers, so no ramp and no control.
     series = {opt: ", ".join(cbs[opt][s]["B*"] for s in steps) for opt in optimizers}
     assert all(int(cbs[opt][s]["B*"]) < 16 for opt in ("adamw", "merit") for s in steps)
-    says(no_ramp, f"({series['adamw']} and {series['merit']})")
+    holds(no_ramp, series["adamw"], series["merit"])
     report_sections = report_of(CBS, "val/loss", "heldout/loss")
     assert "## Batch ramps" not in report_sections and "ramp" not in {r["point"] for r in rows(CBS, "## Final heldout/loss")}
     # MERIT against AdamW, by both rules.
-    for column, rule in (("B*", "at the five checkpoints by the paper's rule"), ("B* (interval)", "by the interval rule")):
-        ours, adamw = ([cbs[opt][s][column] for s in steps] for opt in ("merit", "adamw"))
-        says(merit, f"{', '.join(ours)} against {', '.join(adamw)} {rule}")
     above = [s for s in steps if int(cbs["merit"][s]["B*"]) > int(cbs["adamw"][s]["B*"])]
-    assert above == ["64"] and "(above at step 64 only)" in merit
+    assert above == ["64"]
+    paper_rule, interval = ([cbs[opt][s][column] for opt in ("merit", "adamw") for s in steps]
+                            for column in ("B*", "B* (interval)"))
+    holds(merit, *paper_rule, *above, *interval)
     # B_simple within the two rules' span.
     low, high = extremes([r["B*"] for r in cells] + [r["B* (interval)"] for r in cells])
     adam_like = [cbs[opt][s]["B_simple (sequences)"] for opt in optimizers[:3] for s in steps[1:]]
     muon = [cbs["muon"][s]["B_simple (sequences)"] for s in steps[1:]]
     assert all(float(low) <= float(v) <= float(high) for v in adam_like + muon)
-    says(simple, "{} to {} sequences for AdamW, LAMB and MERIT".format(*extremes(adam_like)),
-         "{} to {} for Muon".format(*extremes(muon)), f"the two rules' B*, {low} to {high}")
+    holds(simple, *extremes(adam_like), *extremes(muon), low, high)
     mini = {r["point"]: mean(r["batch 8"]) for r in rows(MINI, "## Final heldout/loss")}
     parents = {r["point"]: mean(r["batch 8"]) for r in rows(CBS, "## Final heldout/loss")}
     assert [parents["adamw"], parents["merit"]] == [mini["adamw"], mini["merit"]]
-    says(flat((RESULTS / "critical_batch.md").read_text()), f"{mini['adamw']} (AdamW) and {mini['merit']} (MERIT) in both")
-    says(index_line("The critical batch"), "B* is {} to {} sequences at every checkpoint for all four".format(
-        *extremes([r["B*"] for r in cells])), "the interval rule gives {} to {}".format(
-        *extremes([r["B* (interval)"] for r in cells])))
+    holds(flat((RESULTS / "critical_batch.md").read_text()), mini["adamw"], mini["merit"])
+    holds(index_line("The critical batch"), *extremes([r["B*"] for r in cells]),
+          *extremes([r["B* (interval)"] for r in cells]))
 
 
 def test_the_cures_findings():
@@ -483,11 +479,11 @@ def test_the_cures_findings():
     best = min(small, key=lambda r: float(r["final val/loss"]))
     gpt = next(r for r in rows(DEMO, "## Every lr of the grid") if r["point"] == "merit" and r["lr"] == best["lr"])
     gap = float(gpt["final val/loss"]) - float(best["final val/loss"])
-    says(llama, f"{gap:.3f} below the GPT block", f"val loss {best['final val/loss']} against {gpt['final val/loss']}")
+    holds(llama, f"{gap:.3f}", best["final val/loss"], gpt["final val/loss"])
     assert best["lr"] == "0.0067"
     over = next(r for r in small if r["lr"] == "0.02")
-    says(flat(page), f"runs to {over['peak max logit (largest layer and seed)']}",
-         f"the loss {float(over['final val/loss']) - float(best['final val/loss']):.3f} worse")
+    holds(flat(page), over["peak max logit (largest layer and seed)"])
+    holds(flat(page), f"{float(over['final val/loss']) - float(best['final val/loss']):.3f}")
 
     def cell(point, column, at_best=True, final=False):
         value = logits[point, selected[point] if at_best else triple[point]][column]
@@ -498,38 +494,32 @@ def test_the_cures_findings():
         return f"{cell(point, column)} / {cell(point, column, False)}"
     clip = "adamw + qk_clip 15"
     assert cell(clip, attention, final=True) == cell(clip, attention, False, final=True)
-    says(cures, f"{both('adamw + qk_norm')} with QK-Norm",
-         f"{both(clip)} with QK-Clip (ending at {cell(clip, attention, final=True)} at both)",
-         f"{both('adamw + softcap 15/10', 'capped')} after the soft-cap over a raw {both('adamw + softcap 15/10')}",
-         f"{both('adamw + z_loss 0.0001')} with z-loss and {both('adamw')} for AdamW",
-         f"from {cell('adamw + softcap 15/10', 'largest output logit (absolute)')} to "
-         f"{cell('adamw + softcap 15/10', 'capped 2')}",
-         f"final log Z is {cell('adamw + z_loss 0.0001', 'final log Z')} against AdamW's {cell('adamw', 'final log Z')}")
+    holds(cures, both("adamw + qk_norm"), both(clip), cell(clip, attention, final=True),
+          both("adamw + softcap 15/10", "capped"), both("adamw + softcap 15/10"), both("adamw + z_loss 0.0001"),
+          both("adamw"), cell("adamw + softcap 15/10", "largest output logit (absolute)"),
+          cell("adamw + softcap 15/10", "capped 2"), cell("adamw + z_loss 0.0001", "final log Z"),
+          cell("adamw", "final log Z"))
 
     def lost(point):
         return f"{float(grid[point, triple[point]]) - float(grid[point, selected[point]]):.3f}"
-    says(keep, f"{lost('adamw + qk_norm')} and {lost(clip)} above their best ({grid['adamw + qk_norm', triple['adamw + qk_norm']]}"
-               f" against {grid['adamw + qk_norm', selected['adamw + qk_norm']]}, {grid[clip, triple[clip]]} against "
-               f"{grid[clip, selected[clip]]})",
-         f"AdamW loses {lost('adamw')}, z-loss {lost('adamw + z_loss 0.0001')}, the soft-cap "
-         f"{lost('adamw + softcap 15/10')} and MERIT {lost('merit')}")
+    holds(keep, lost("adamw + qk_norm"), lost(clip), grid["adamw + qk_norm", triple["adamw + qk_norm"]],
+          grid["adamw + qk_norm", selected["adamw + qk_norm"]], grid[clip, triple[clip]], grid[clip, selected[clip]],
+          lost("adamw"), lost("adamw + z_loss 0.0001"), lost("adamw + softcap 15/10"), lost("merit"))
     others = [lost(p) for p in ("adamw", "adamw + z_loss 0.0001", "adamw + softcap 15/10", "merit")]
     assert max(float(lost("adamw + qk_norm")), float(lost(clip))) < float(min(others, key=float))
     peaks = {point: cell(point, attention) for point in selected}
     assert max(peaks.values(), key=float) == peaks["merit"]
     output = "largest output logit (absolute)"
     assert float(cell("merit", output)) >= float(cell("adamw", output)) and float(peaks["merit"]) >= float(peaks["adamw"])
-    says(merit, f"peak at {peaks['merit']} and {cell('merit', output)} against AdamW's {peaks['adamw']} and "
-                f"{cell('adamw', output)}, {peaks['merit']} the largest of any run at its best lr",
-         f"its attention logit runs to {cell('merit', attention, False)}")
+    holds(merit, peaks["merit"], cell("merit", output), peaks["adamw"], cell("adamw", output), peaks["merit"],
+          cell("merit", attention, False))
     against = {r["point"]: mean(r["Δ vs adamw, same batch, paired by seed [95%]"]) for r in rows(CURES, "## Against adamw")}
     std = spread(next(r for r in rows(MINI, "## Final heldout/loss") if r["point"] == "adamw")["batch 128"], "± ")
     assert max(abs(float(d)) for d in against.values()) <= std
-    says(ranking, f"QK-Norm {against['adamw + qk_norm']}, QK-Clip {against[clip]}, the soft-cap "
-                  f"{against['adamw + softcap 15/10']}, z-loss {against['adamw + z_loss 0.0001']}, MERIT {against['merit']}",
-         f"none larger than {std:.3f}")
-    says(index_line("The logit cures"), f"within {max(float(lost('adamw + qk_norm')), float(lost(clip))):.3f} of their "
-                                        "best, the other four points' {} to {} above".format(*extremes(others)))
+    holds(ranking, against["adamw + qk_norm"], against[clip], against["adamw + softcap 15/10"],
+          against["adamw + z_loss 0.0001"], against["merit"], f"{std:.3f}")
+    holds(index_line("The logit cures"), f"{max(float(lost('adamw + qk_norm')), float(lost(clip))):.3f}",
+          *extremes(others))
 
 
 def test_the_local_steps_findings():
@@ -552,28 +542,32 @@ def test_the_local_steps_findings():
         center, half = re.fullmatch(r"([-+][\d.]+) \[±([\d.]+)\]", cell).groups()
         return abs(float(center)) <= float(half)
 
-    says(local, *(versus(o, m) for m in ("localsgd_h10", "localsgd_h50") for o in ("adamw", "merit")))
+    holds(local, *(versus(o, m) for m in ("localsgd_h10", "localsgd_h50") for o in ("adamw", "merit")))
     assert all(includes_zero(versus("adamw", m)) for m in ("localsgd_h10", "localsgd_h50"))
     assert not any(includes_zero(versus("merit", m)) for m in ("localsgd_h10", "localsgd_h50"))
     lowest = {o: min(tables[o], key=lambda m: float(tables[o][m]["heldout/loss"].split()[0])) for o in tables}
     assert lowest == {"adamw": "dp_b32", "merit": "dp_b32"}
-    says(diloco, *(versus(o, m) for o in ("adamw", "merit") for m in ("diloco_h10", "diloco_h50")))
+    holds(diloco, *(versus(o, m) for o in ("adamw", "merit") for m in ("diloco_h10", "diloco_h50")))
     # The local methods against the large batch at the same all-reduces: 50 (H = 10, 10 x B), 10 (H = 50, 50 x B).
+    held = []
     for h, batch in (("10", "320"), ("50", "1600")):
+        held.append(tables["adamw"][f"dp_b{batch}"]["all-reduces"])
         for o in tables:
             assert tables[o][f"dp_b{batch}"]["all-reduces"] == tables[o][f"localsgd_h{h}"]["all-reduces"]
-            says(large, versus(o, f"dp_b{batch}"), versus(o, f"localsgd_h{h}", whole=False))
             assert "(edge)" not in tables[o][f"dp_b{batch}"]["lr (grid)"]
+        held += [*(versus(o, f"dp_b{batch}") for o in tables), *(versus(o, f"localsgd_h{h}", False) for o in tables)]
+    holds(large, *held)
     # MERIT against AdamW at each local point: the means' differences, the intervals overlapping.
     for method in ("localsgd_h10", "localsgd_h50", "diloco_h10", "diloco_h50"):
         cells = [re.fullmatch(r"([\d.]+) \[±([\d.]+)\]", tables[o][method]["heldout/loss"]).groups()
                  for o in ("adamw", "merit")]
         (a, a_half), (m, m_half) = [(float(c), float(h)) for c, h in cells]
         assert abs(m - a) <= a_half + m_half, method
-        says(merit, f"{abs(m - a):.4f} {'below' if m < a else 'above'}")
+        difference = f"{abs(m - a):.4f}"  # the sign as the finding words it, the number after it
+        holds(merit, difference)
+        assert re.search(rf"{difference} (below|above)", merit).group(1) == ("below" if m < a else "above")
     line = index_line("Local steps against the large batch")
     local_cells = [versus(o, m, False) for o in tables for m in ("localsgd_h10", "localsgd_h50")]
     diloco_cells = [versus(o, m, False) for o in tables for m in ("diloco_h10", "diloco_h50")]
     large_cells = [versus(o, m, False) for o in tables for m in ("dp_b320", "dp_b1600")]
-    says(line, "LocalSGD ends {} to {}".format(*extremes(local_cells)), "DiLoCo {} to {}".format(
-        *extremes(diloco_cells)), "the large batches with as many all-reduces {} to {}".format(*extremes(large_cells)))
+    holds(line, *extremes(local_cells), *extremes(diloco_cells), *extremes(large_cells))
