@@ -37,8 +37,7 @@ import torch.nn as nn
 from atomic import atomic_directory
 from data.tokenizer import BUILT_IN, get_tokenizer
 from model import GPT, HF_CLASSES, GPTConfig, hf_export_refusal
-from training.checkpoint import Checkpoint
-from training.parallel import load_model
+from training.checkpoint import Checkpoint, load_model
 from training.run_folder import model_sha256
 
 # Hugging Face's GPT-2 uses Conv1D (weight stored as in x out) where this file uses nn.Linear

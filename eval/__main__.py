@@ -42,7 +42,7 @@ from eval.scorer import Scorer
 from eval.tasks import tasks_named
 from hf import from_hf
 from model import GPT
-from training.parallel import load_model
+from training.checkpoint import load_model
 from training.run_folder import model_sha256
 
 

@@ -13,7 +13,7 @@ from lm_eval.api.model import TemplateLM
 
 from data.tokenizer import get_tokenizer
 from eval.scorer import Scorer, TokenRequest
-from training.parallel import load_model
+from training.checkpoint import load_model
 
 
 class NanoMeritLM(TemplateLM):

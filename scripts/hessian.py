@@ -38,7 +38,7 @@ import torch
 
 from atomic import atomic_write
 from study.hessian import batch_loss, hutchinson_trace, top_eigenvalue, validation_batches
-from training.parallel import load_model
+from training.checkpoint import load_model
 from training.run_folder import model_sha256
 
 

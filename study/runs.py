@@ -37,9 +37,8 @@ from pathlib import Path
 from atomic import atomic_write
 from configs import TrainConfig, keys_with_role
 from training.batch_schedule import run_lengths
-from training.checkpoint import NUMBERED, numbered
+from training.checkpoint import NUMBERED, load_model, numbered
 from training.instruments import is_layer_key
-from training.parallel import load_model
 from training.run_folder import model_sha256
 
 # The keys a point leaves out, by their role in the schema: how a run was run or recorded, and what

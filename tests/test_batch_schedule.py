@@ -306,7 +306,7 @@ def test_on_two_ranks_a_scheduled_run_is_the_run_changed_by_hand(byte_shards, tm
     if "--fsdp" not in layout:
         assert_same_state(Checkpoint.load(by_hand / CHECKPOINT_NAME), Checkpoint.load(scheduled / CHECKPOINT_NAME))
     else:  # (sharded checkpoints: the gathered weights)
-        from training.parallel import load_model
+        from training.checkpoint import load_model
         got, expected = (load_model(run / CHECKPOINT_NAME)[0].state_dict() for run in (by_hand, scheduled))
         assert all(torch.equal(got[k], expected[k]) for k in expected)
 

@@ -19,8 +19,7 @@ from eval.scorer import Scorer
 from eval.tasks import AGGREGATIONS, TASKS, mean, tasks_named
 from eval.samples import write_fixtures, write_harness_tasks
 from model import GPT, GPTConfig
-from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-from training.parallel import load_model
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_model
 
 STEPS = 20  # the agreement tests need a trained model, not a good one: keep the suite fast
 

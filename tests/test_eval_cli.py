@@ -21,8 +21,7 @@ from eval import evaluate, format_table, samples
 from eval.scorer import Scorer
 from eval.tasks import DATASETS_OFFLINE_FLAGS, TASKS, datasets_offline, tasks_named
 from model import GPT, GPTConfig
-from training.checkpoint import Checkpoint
-from training.parallel import load_model
+from training.checkpoint import Checkpoint, load_model
 
 
 @pytest.fixture(scope="module")

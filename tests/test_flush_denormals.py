@@ -1,4 +1,4 @@
-"""flush_denormals (training/distributed.enable_flush_denormals): subnormal floats computed as zero
+"""flush_denormals (training/float_mode.py): subnormal floats computed as zero
 on every thread of torch's pool when set before it starts, a warning where it reached only some,
 and IEEE floats again in the process once a run that set it has ended."""
 import subprocess
@@ -19,13 +19,13 @@ def test_flush_denormals_reaches_every_thread_when_set_first_and_says_so_when_no
     assert torch.count_nonzero(torch.full((1 << 20,), 1e-20) * 1e-20) == 1 << 20
     code = f"""
 import warnings, torch
-from training.distributed import enable_flush_denormals
+from training.float_mode import flush_denormals
 torch.set_num_threads(2)
 if {when == "late"}:
     (torch.ones(1 << 20) * 2).sum()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    enable_flush_denormals()
+    flush_denormals()
 print(int(torch.count_nonzero(torch.full((1 << 20,), 1e-20) * 1e-20)), len(caught))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout

@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from data.shards import list_shards, open_shard
 from helpers import ROOT, train_here
 from study import hessian
-from training.parallel import load_model
+from training.checkpoint import load_model
 from training.run_folder import model_sha256
 
 F64 = torch.float64

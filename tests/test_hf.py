@@ -15,9 +15,8 @@ import hf as interop
 from data.tokenizer import get_tokenizer
 from helpers import ROOT, TINY_RUN, train_here
 from model import GPT, GPTConfig
-from training import checkpoint
-from training.checkpoint import Checkpoint
-from training.parallel import load_model
+from training.checkpoint import Checkpoint, load_model
+from training.checkpoint.format import FORMAT_VERSION
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -311,7 +310,7 @@ def test_cli_errors(tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    torch.save({"format_version": checkpoint.FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
+    torch.save({"format_version": FORMAT_VERSION, "step": 3}, tmp_path / "no_model.pt")
     with pytest.raises(ValueError, match=r"does not have the fields.*missing \['batch_phases', 'changes', 'code_version', 'config'"):
         load_model(tmp_path / "no_model.pt")
     future = Checkpoint.of_model(random_model(), "gpt2")

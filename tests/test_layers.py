@@ -97,7 +97,7 @@ def test_the_graph_counts_lazy_relative_and_submodule_imports_of_the_project_onl
         "optim.backends.sharding", "optim.backends.reference", "optim.base", "training.checkpoint"}
     graph = import_graph()
     assert {"train", "model", "training.checkpoint", "optim.backends.cpp", "eval.tasks"} <= graph.keys()
-    assert "training.sharded_checkpoint" in graph["training.parallel"]  # (imported inside a method)
+    assert "training.checkpoint.sharded" in graph["training.checkpoint.writers"]  # (imported inside a method)
     assert not any(module.split(".")[0] == "tests" for module in graph)
 
 
@@ -126,6 +126,13 @@ def test_no_library_imports_the_top_layer():
     # its process) is handed it by the script that calls it.
     for layer in ("atomic", "configs", "model", "data", "optim", "training", "eval", "hf", "study"):
         assert importers(import_graph(), layer, ("train", "scripts")) == {}, layer
+
+
+def test_no_script_imports_another_script():
+    # A script is a command line: what two of them share is a library module's (the benchmarks' timers and
+    # synthetic trainer in study/bench.py, the mini study's setting in study/mini_study.py), not one script's
+    # that the others import. (One script may still run another as a process of its own.)
+    assert importers(import_graph(), "scripts", ("scripts",)) == {}
 
 
 def test_importers_names_the_top_layer_by_module_not_by_prefix():

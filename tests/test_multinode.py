@@ -20,8 +20,7 @@ import pytest
 import torch
 
 from helpers import ROOT, TINY, run_train, train_here
-from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-from training.parallel import load_model
+from training.checkpoint import CHECKPOINT_NAME, Checkpoint, load_model
 
 pytestmark = pytest.mark.slow  # torchrun agents, a fake SLURM, signals: real processes throughout
 

@@ -99,7 +99,7 @@ def test_an_ordinary_step_reads_nothing_on_the_host(byte_shards, tmp_path, monke
     monkeypatch.chdir(ROOT)
     trainer = _trainer(byte_shards, tmp_path, f"--nonfinite={policy}", f"--optim_backend={optim_backend}",
                        "--optimizer=merit", "--max_steps=4", "--z_loss=1e-4", "--batch_size=4")
-    assert trainer.batches.accumulation == 2 and trainer.parts.find(GradientNoiseScale) is not None
+    assert trainer.schedule.accumulation == 2 and trainer.parts.find(GradientNoiseScale) is not None
     _poison(trainer, {2})
     try:
         before = copy.deepcopy(trainer.model.state_dict())

@@ -2,16 +2,20 @@
 (``extra_parts``), the loop tells it about every step, its metric is logged and its state is
 checkpointed, so a run stopped and resumed logs and saves what an uninterrupted one does; a run
 without it in its config has none of it. The parts' metric keys: two parts that declare one key are
-refused when the run is built, and a part that logs a key it did not declare when it logs it."""
+refused when the run is built, and a part that logs a key it did not declare when it logs it. What
+a part may read of the run is ``training.parts.Run``: the Trainer has every name of it, and no part
+of the project reaches for another. A step a part drops at ``commit`` enters no record as trained."""
+import ast
 import math
 import re
 
 import pytest
 import torch
 
-from helpers import TINY_RUN, read_metrics, train_here
+import train
+from helpers import ROOT, TINY_RUN, read_metrics, train_here
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-from training.parts import Part, Parts, Step
+from training.parts import Part, Parts, Run, Step
 
 
 class GradNormEMA(Part):
@@ -28,7 +32,7 @@ class GradNormEMA(Part):
         self.steps = 0
 
     def after_step(self, step: Step) -> None:
-        self.ema = self.decay * self.ema + (1 - self.decay) * self.run.grad_norm.double()
+        self.ema = self.decay * self.ema + (1 - self.decay) * step.grad_norm.double()
         self.steps += 1
 
     def measure(self, step: Step) -> dict[str, float]:
@@ -159,3 +163,96 @@ def test_a_key_a_part_did_not_declare_is_refused_when_it_is_logged():
         Parts([declaring("test/"), declaring("*", logs={"test/a": 1.0}, name="CatchAll")]).collect("measure", step)
     with pytest.raises(ValueError, match=r"logged the metric key 'tokens', which the training loop"):
         Parts([declaring("*", logs={"tokens": 1.0})]).collect("measure", step)
+
+
+# --- what a part may read of the run ---
+DECLARED = set(Run.__annotations__) | {name for name in vars(Run) if not name.startswith("_")}
+
+
+def reaches(source: str) -> dict[str, set[str]]:
+    """{part class: the names it reads of ``run`` or ``self.run``} for every class in ``source``
+    that derives from a class called Part (or another part class of the same source)."""
+    tree = ast.parse(source)
+    parts = set()
+    for node in ast.walk(tree):  # (a part class may derive from another part of its module)
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", getattr(base, "attr", None)) in {"Part", *parts}
+                                                  for base in node.bases):
+            parts.add(node.name)
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in parts:
+            names = found.setdefault(node.name, set())
+            for inner in ast.walk(node):
+                if not isinstance(inner, ast.Attribute):
+                    continue
+                owner = inner.value
+                if (isinstance(owner, ast.Name) and owner.id == "run"
+                        or isinstance(owner, ast.Attribute) and owner.attr == "run"
+                        and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+                    names.add(inner.attr)
+    return found
+
+
+def test_reaches_finds_what_a_part_reads_of_the_run():
+    source = ("class A(Part):\n"
+              "    def build(cls, run):\n"
+              "        return run.config, run.checkpoints.steps\n"
+              "class B(A):\n"
+              "    def start(self):\n"
+              "        self.run.layout.traffic.within = 0\n"
+              "class NotAPart:\n"
+              "    def f(self, run):\n"
+              "        return run.anything\n")
+    assert reaches(source) == {"A": {"config", "checkpoints"}, "B": {"layout"}}
+
+
+def test_every_part_reads_only_what_the_run_declares():
+    modules = [path for folder in ("training", "eval", "study") for path in sorted((ROOT / folder).rglob("*.py"))]
+    found = {f"{path.relative_to(ROOT)}:{name}": names for path in modules
+             for name, names in reaches(path.read_text()).items()}
+    assert len(found) >= 13  # (train.py's parts and the replica groups': they are found)
+    beyond = {part: sorted(names - DECLARED) for part, names in found.items() if names - DECLARED}
+    assert not beyond, (f"parts reach past training.parts.Run: {beyond}; read what Run declares, or declare "
+                        f"what the part needs there (and give the Trainer it)")
+
+
+def test_the_trainer_provides_every_name_the_run_declares(byte_shards, tmp_path):
+    from configs import command_line_config
+    from training.run_config import resolve_config
+    trainer = train.Trainer(resolve_config(command_line_config(run_args(byte_shards, tmp_path, "--extra_parts="))))
+    try:
+        missing = sorted(name for name in DECLARED if not hasattr(trainer, name))
+        assert not missing, f"training.parts.Run declares what train.Trainer lacks: {missing}"
+    finally:
+        trainer.close()
+
+
+def test_a_config_s_parts_go_before_the_parts_that_must_be_last():
+    assert train.LAST_PARTS == (train.ReplicaGroups,) and train.ReplicaGroups not in train.PARTS
+
+
+class DropsStep3(Part):
+    """Drops step 3 at ``commit``, as replica groups that disagree on a step do."""
+
+    def __init__(self, run):
+        pass
+
+    def commit(self, step: Step) -> None:
+        if step.number == 3:
+            step.committed = False
+
+
+def test_a_dropped_step_enters_no_record_as_trained(byte_shards, tmp_path):
+    every = [f"--extra_parts={__name__}:DropsStep3", "--max_steps=4", "--nonfinite=skip"]
+    train_here(*run_args(byte_shards, tmp_path / "each", *every, "--log_interval=1"))
+    train_here(*run_args(byte_shards, tmp_path / "pairs", *every, "--log_interval=2"))
+    each = {r["step"]: r for r in read_metrics(tmp_path / "each" / "run") if "train/loss" in r}
+    pairs = {r["step"]: r for r in read_metrics(tmp_path / "pairs" / "run") if "train/loss" in r}
+    # The train loss of steps 3 and 4 is step 4's alone; of steps 1 and 2, theirs.
+    assert pairs[4]["train/loss"] == each[4]["train/loss"]
+    assert math.isclose(pairs[2]["train/loss"], (each[1]["train/loss"] + each[2]["train/loss"]) / 2, rel_tol=1e-6)
+    assert each[3]["train/loss"] is None  # (a window of no trained step: NaN, which the record writes as null)
+    # No update measured at the dropped step (the optimizer's diagnostics, the update ratios), nor a skipped step.
+    assert any(key.startswith("update_ratio/") for key in each[2]) and any(k.startswith("update_ratio/") for k in each[4])
+    assert not any(key.startswith("update_ratio/") for key in each[3])
+    assert all(record["skipped_steps"] == 0 for record in each.values())

@@ -139,7 +139,7 @@ def test_killed_runs_resumed_with_auto_end_as_the_uninterrupted_run(byte_shards,
 # train.py with Checkpoint.save stalled halfway through writing its file (from the third save on).
 STALLED_SAVE = """
 import sys, time, runpy
-import training.checkpoint as checkpoint
+import training.checkpoint.format as checkpoint
 original, saves = checkpoint.torch.save, []
 def stalled(obj, f):
     saves.append(1)
@@ -228,7 +228,7 @@ def test_the_guide_says_that_any_resume_runs_a_pending_evaluation_first(tmp_path
     """A stop during the final evaluation: the guide says it is pending, and both the resume that
     finishes it and the one that trains on say that it runs first."""
     config, argv = TrainConfig(model="nano", max_steps=6), ["configs/default.py", "--max_steps=6", "--resume"]
-    lines = run_folder.guide(tmp_path, 6, 6, config, ["python"], argv, evaluating=6).splitlines()
+    lines = run_folder.guide(tmp_path, 6, 6, config, ["python"], argv, evaluation_pending=True).splitlines()
     assert (f"  checkpoint  {tmp_path / CHECKPOINT_NAME} (step 6 of 6; step 6's evaluation, which a stop interrupted, "
             f"is pending)") in lines
     assert "resume    python train.py configs/default.py --max_steps=6 --resume  (runs step 6's pending evaluation " \
@@ -237,7 +237,7 @@ def test_the_guide_says_that_any_resume_runs_a_pending_evaluation_first(tmp_path
             "longer run; the lr schedule follows the new length; step 6's pending evaluation runs first)") in lines
     finished = run_folder.guide(tmp_path, 6, 6, config, ["python"], argv)  # nothing pending: trains on only
     assert "pending" not in finished and not any(line.startswith("resume") for line in finished.splitlines())
-    stopped = run_folder.guide(tmp_path, 4, 6, config, ["python"], argv, evaluating=4).splitlines()
+    stopped = run_folder.guide(tmp_path, 4, 6, config, ["python"], argv, evaluation_pending=True).splitlines()
     assert "resume    python train.py configs/default.py --max_steps=6 --resume  (runs step 4's pending evaluation " \
            "first)" in stopped
 

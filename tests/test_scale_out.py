@@ -16,8 +16,7 @@ import torch
 from eval.samples import write_fixtures
 from helpers import ROOT, TINY_RUN, read_metrics, run_train, train_here
 from model import GPT, GPTConfig
-from training.checkpoint import CHECKPOINT_NAME
-from training.parallel import load_model
+from training.checkpoint import CHECKPOINT_NAME, load_model
 
 # Accumulation 2 on 2 ranks (global batch 8, micro-batch 2), a checkpoint every 2 steps.
 RUN = [*TINY_RUN, "--log_interval=2", "--lr=0.01", "--min_lr=0.001", "--warmup_steps=2", "--max_steps=4",

@@ -372,7 +372,7 @@ def save(ctx, folder):
     from torch.distributed.tensor import DTensor
 
     from training.checkpoint import Checkpoint
-    from training.sharded_checkpoint import save_sharded_in
+    from training.checkpoint.sharded import save_sharded_in
     for name, options in CHECKPOINTED:
         loop = build(name, options, ctx, "fsdp")
         model, optimizer = loop.model, loop.optimizer
@@ -396,7 +396,7 @@ def save(ctx, folder):
 
 def resume(ctx, folder):
     from training.checkpoint import CHECKPOINT_NAME, Checkpoint
-    from training.sharded_checkpoint import load_sharded_state
+    from training.checkpoint.sharded import load_sharded_state
     for name, options in CHECKPOINTED:
         loop = build(name, options, ctx, "fsdp" if ctx.enabled else "single")
         path = (folder / name / CHECKPOINT_NAME).resolve()

@@ -75,7 +75,8 @@ def make_state(tmp_path, parts=()):
     optimizer = optim.build("merit", model, lr=1e-2, weight_decay=0.1)
     loader = TokenLoader(tmp_path / "data", "train", 2, 8, prefetch=False)
     return RunState(model, optimizer, config={"tokenizer": "byte", "optimizer": "merit", "batch_size": 2},
-                    schedule=BatchSchedule([Phase(0, 0, 2)], block_size=8, reference=2), parts=[*parts, Part()], scaler=torch.amp.GradScaler("cpu", enabled=False),
+                    batch_schedule=BatchSchedule([Phase(0, 0, 2)], block_size=8, reference=2), parts=[*parts, Part()],
+                    scaler=torch.amp.GradScaler("cpu", enabled=False),
                     train_loader=loader, train_window=LossWindow(ONE_PROCESS), rng=RankRNG(ONE_PROCESS))
 
 
@@ -91,17 +92,17 @@ def test_the_layout_saves_the_state_and_loads_it_back_bitwise(tmp_path):
         state.optimizer.zero_grad()
         state.pieces["train_window"].add(loss.detach(), torch.tensor(True))
         state.step += 1
-    layout = Layout.of(TrainConfig(max_steps=1), ONE_PROCESS)
+    writer = Layout.of(TrainConfig(max_steps=1), ONE_PROCESS).checkpoint_writer(ONE_PROCESS)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    layout.save(state, run_dir)
+    writer.save(state, run_dir)
     expected_batch = state.pieces["train_loader"].next_batch()[0]
     expected_noise = torch.rand(4)  # the RNG continues from the save
 
     resumed = make_state(tmp_path)
     checkpoint, path = load_latest(run_dir, fall_back=False)
     assert checkpoint.step == 3 and checkpoint.tokens == 48 and checkpoint.parts == {}
-    layout.load(resumed, checkpoint, path)
+    writer.load(resumed, checkpoint, path)
     assert resumed.step == 3
     for (name, p), q in zip(state.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, q), name

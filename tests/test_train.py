@@ -203,14 +203,16 @@ def test_atomic_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 def test_older_checkpoints_load_and_other_versions_are_refused(tmp_path):
-    fields = {key: value for key, value in vars(small_checkpoint(5, 2.0)).items() if key != "parts"}
+    fields = {key: value for key, value in vars(small_checkpoint(5, 2.0)).items()
+              if key not in ("parts", "evaluation_pending")}
     noise_scale = {"ema_grad_sq": [1.0], "ema_trace": [3.0]}
     # version 1: before optim_backends and train_window; 2: before noise_scale; 3: before tensors;
     # 4: the noise scale's state in a field of its own (version 5 keeps it in parts); 5: before
-    # batch_phases (one batch throughout: the config's)
-    added = {2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",), 5: ("changes",),
+    # batch_phases (one batch throughout: the config's); 6: a pending evaluation by its step (7: a bool)
+    added = {2: ("optim_backends", "train_window"), 3: ("noise_scale",), 4: ("tensors",), 5: ("changes", "evaluating"),
              6: ("batch_phases",)}
-    for version in (1, 2, 3, 4, 5):
+    fields["evaluating"] = 5
+    for version in (1, 2, 3, 4, 5, 6):
         newer = [key for later in range(version + 1, 7) for key in added.get(later, ())]
         saved = {**fields, "noise_scale": noise_scale} if version < 5 else {**fields, "parts": {"noise_scale": noise_scale}}
         torch.save({"format_version": version, **{k: v for k, v in saved.items() if k not in newer}},
@@ -218,11 +220,12 @@ def test_older_checkpoints_load_and_other_versions_are_refused(tmp_path):
         old = Checkpoint.load(tmp_path / f"v{version}.pt")
         assert old.step == 5 and old.tensors == "inline" and torch.equal(old.model["w"], torch.full((3,), 2.0))
         assert old.parts == ({"noise_scale": noise_scale} if version >= 3 else {})
-        assert old.batch_phases == [[0, 0, 4]] and old.changes == []
+        assert old.batch_phases == ([[0, 0, 4]] if version < 6 else fields["batch_phases"]) and old.changes == []
+        assert old.evaluation_pending == (version >= 5)  # (older files pended nothing)
     assert Checkpoint.load(tmp_path / "v1.pt").optim_backends == {}
     fields = vars(small_checkpoint(5, 2.0))
     torch.save({"format_version": 99, **fields}, tmp_path / "v99.pt")
-    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 6"):
+    with pytest.raises(ValueError, match="format version 99, this code reads 1 to 7"):
         Checkpoint.load(tmp_path / "v99.pt")
     torch.save({"format_version": 2, **fields, "extra": 1}, tmp_path / "extra.pt")
     with pytest.raises(ValueError, match=r"unknown \['extra'\]"):
@@ -249,7 +252,7 @@ def test_validation_loss_falls(byte_shards, tmp_path):
 
 def test_the_small_llama_config_trains_a_llama(byte_shards, tmp_path):
     """configs/llama_cpu.py, shortened (its lr, optimizer and model): a Llama block trains, its loss falls."""
-    from training.parallel import load_model
+    from training.checkpoint import load_model
     train_here("configs/llama_cpu.py", f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=12",
                "--warmup_steps=2", "--block_size=64", "--batch_size=4", "--micro_batch_size=4", "--eval_interval=12",
                "--log_interval=6", "--val_tokens=1024", "--probe_batch_size=2", "--sample_tokens=0")
@@ -267,7 +270,7 @@ def test_heldout_loss_is_the_model_s_loss_on_the_val_tokens_after_val_tokens(byt
     """val/loss on the first 512 val tokens, heldout/loss on the 1024 after them: both against the
     final checkpoint's losses computed here from the val shard's tokens."""
     from data.shards import open_shard
-    from training.parallel import load_model
+    from training.checkpoint import load_model
     train_here(*args(byte_shards, tmp_path, "--max_steps=6", "--batch_size=4", "--micro_batch_size=2",
                      "--heldout_tokens=1024"))
     final = read_metrics(tmp_path / "default")[-1]
@@ -321,7 +324,7 @@ def test_sigterm_during_the_final_evaluation_leaves_it_pending_and_the_resume_ru
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
-    assert saved.step == 6 and saved.evaluating == 6, output  # trained to the end, its evaluation pending
+    assert saved.step == 6 and saved.evaluation_pending, output  # trained to the end, its evaluation pending
     assert not any(key.startswith("zero_shot/") for r in read_metrics(tmp_path / "default") for key in r)
     trained = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r]
 
@@ -330,7 +333,7 @@ def test_sigterm_during_the_final_evaluation_leaves_it_pending_and_the_resume_ru
     assert [r for r in records if "train/loss" in r] == trained
     final = {k: v for r in records if r.get("step") == 6 for k, v in r.items()}
     assert "val/loss" in final and {f"zero_shot/{task}/acc" for task in ("boolq", "cb", "piqa")} <= final.keys()
-    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 0
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluation_pending is False
     assert "finished 6 steps" in resumed.stdout
     again = train_here(*run, "--resume")
     assert "already finished its 6 steps: nothing to do" in again.stdout
@@ -366,14 +369,14 @@ def test_an_evaluation_a_stop_left_pending_runs_first_on_any_resume_and_is_said(
     assert "SIGTERM received, saved step 6, with step 6's evaluation pending (any resume runs it first), exiting" \
         in stopped.stdout + stopped.stderr
     assert "step 6's evaluation, which a stop interrupted, is pending" in stopped.stdout  # (the guide)
-    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 6
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluation_pending is True
     longer = ["--resume", "--max_steps=8", "--allow_changes=max_steps"]
     monkeypatch.setattr(Sigterm, "at_start", True)
     again = train_here(*run, *longer)
     assert "step 6's pending evaluation runs first" in again.stdout
     assert "saved step 6, with step 6's evaluation pending" in again.stdout + again.stderr
     saved = Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME)
-    assert (saved.step, saved.evaluating) == (6, 6)  # nothing trained before it
+    assert (saved.step, saved.evaluation_pending) == (6, True)  # nothing trained before it
     assert not any(key.startswith("zero_shot/") for r in read_metrics(tmp_path / "default") for key in r)
     monkeypatch.setattr(Sigterm, "at_start", False)
     train_here(*run, *longer)
@@ -381,7 +384,7 @@ def test_an_evaluation_a_stop_left_pending_runs_first_on_any_resume_and_is_said(
     evaluated = {r["step"] for r in records if "zero_shot/boolq/acc" in r}
     assert evaluated == {6, 8}  # step 6's, the final step of the run it was; then the new final step's
     assert [r["step"] for r in records if "train/loss" in r] == [2, 4, 6, 8]
-    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluating == 0
+    assert Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).evaluation_pending is False
 
 
 def test_sophia_hessian_hook_runs_every_k_steps_with_the_configured_batch(byte_shards, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ What follows the batch (docs/batch.md):
 The data order does not depend on the batch: the loader's global stream hands out the next
 micro-batches whatever the accumulation (data/loader.py). So a scheduled run equals a run
 stopped at a change and resumed by hand with the new batch, lr and decays (tests/test_batch_schedule.py).
-``BatchPlan`` sets all of it, from one place, for a run, a resume and a branch (study/cbs.py).
+``StepSchedule`` sets all of it, from one place, for a run, a resume and a branch (study/cbs.py).
 
 A checkpoint records the phases (``Checkpoint.batch_phases``). A resume keeps those that began
 at or before its step and plans the rest from the config's schedule, which may so change on
@@ -192,7 +192,7 @@ def with_decay(value, index: int | None, decay: float):
     return decay if index is None else tuple(decay if i == index else v for i, v in enumerate(value))
 
 
-class BatchPlan:
+class StepSchedule:
     """What follows the batch in a run, set from one place: train.py calls ``before_step`` before
     each optimizer step, and a resume or a branch gives it the schedule it trains by (``follow``).
     When a phase begins: its gradient accumulation, what the optimizer scales by the batch
@@ -213,7 +213,7 @@ class BatchPlan:
         tokens, the batch of the next step."""
         config = self.config
         schedule.check_divisible(config.micro_batch_size, self.world_size, from_step=step)
-        self.schedule = schedule
+        self.batch_schedule = schedule
         self.total_steps, self.warmup_steps = schedule.lengths(config)
         self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
         self.phase = None  # the phase the run trains in
@@ -236,12 +236,12 @@ class BatchPlan:
 
     def enter_phase(self, step: int) -> None:
         """Take the step after ``step`` steps with its phase's batch, if it does not yet."""
-        phase = self.schedule.phase_index(step)
+        phase = self.batch_schedule.phase_index(step)
         if phase == self.phase:
             return
-        self.phase, ratio = phase, self.schedule.ratio(step)
-        self.accumulation = self.schedule.accumulation(step, self.config.micro_batch_size, self.world_size)
-        self.optimizer.set_batch_tokens(self.schedule.tokens_per_step(step))
+        self.phase, ratio = phase, self.batch_schedule.ratio(step)
+        self.accumulation = self.batch_schedule.accumulation(step, self.config.micro_batch_size, self.world_size)
+        self.optimizer.set_batch_tokens(self.batch_schedule.tokens_per_step(step))
         for number, key, index, built in self.decays:
             group = self.optimizer.param_groups[number]
             group[key] = with_decay(group[key], index, built ** ratio)
@@ -249,8 +249,8 @@ class BatchPlan:
     def before_step(self, step: int, tokens: int) -> None:
         """Set the step after ``step`` steps (``tokens`` trained): its phase, then its lr."""
         self.enter_phase(step)
-        lr = self.lr_schedule(tokens, self.schedule.tokens_per_step(step),
-                              scale=SCALINGS[self.config.batch_lr_scaling](self.schedule.ratio(step)))
+        lr = self.lr_schedule(tokens, self.batch_schedule.tokens_per_step(step),
+                              scale=SCALINGS[self.config.batch_lr_scaling](self.batch_schedule.ratio(step)))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

@@ -25,7 +25,7 @@ class Console(Part):
         run = self.run
         if run.ctx.is_main:
             self.describe()
-        self.progress = tqdm(total=run.batches.total_steps, initial=run.step, disable=not run.ctx.is_main, unit="step",
+        self.progress = tqdm(total=run.schedule.total_steps, initial=run.step, disable=not run.ctx.is_main, unit="step",
                              dynamic_ncols=True)
 
     def describe(self) -> None:
@@ -35,18 +35,18 @@ class Console(Part):
             f"model {c.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
             f"vocab {m.vocab_size}, {run.model.num_params() / 1e6:.2f}M parameters",
             f"optimizer {c.optimizer} lr {c.lr}{'' if c.lr_schedule == 'constant' else f' -> {c.min_lr}'} "
-            f"({c.lr_schedule}, warmup {run.batches.warmup_steps}); "
-            f"global batch {run.batches.schedule.phase(run.step).batch} x {m.block_size} tokens = micro "
-            f"{c.micro_batch_size} x {run.layout.data_ranks} ranks x {run.batches.accumulation} accumulation; "
-            f"{run.batches.total_steps} steps "
+            f"({c.lr_schedule}, warmup {run.schedule.warmup_steps}); "
+            f"global batch {run.schedule.batch_schedule.phase(run.step).batch} x {m.block_size} tokens = micro "
+            f"{c.micro_batch_size} x {run.layout.data_ranks} ranks x {run.schedule.accumulation} accumulation; "
+            f"{run.schedule.total_steps} steps "
             f"on {run.device} ({run.layout.strategy})",
             f"optimizer {c.optimizer} hyper-parameters: {run.optimizer_settings}",
             f"optimizer implementation (optim_backend {c.optim_backend!r}):\n{run.optimizer.describe()}"]
-        if len(run.batches.schedule.phases) > 1:
+        if len(run.schedule.batch_schedule.phases) > 1:
             lines.append("batch schedule: " + ", ".join(f"{p.batch} from step {p.step} ({p.tokens:,} tokens)"
-                                                        for p in run.batches.schedule.phases)
-                         + f"; lr x {c.batch_lr_scaling}(B / {run.batches.schedule.reference})"
-                         + (f", {c.batch_half_life_betas} ** (B / {run.batches.schedule.reference})"
+                                                        for p in run.schedule.batch_schedule.phases)
+                         + f"; lr x {c.batch_lr_scaling}(B / {run.schedule.batch_schedule.reference})"
+                         + (f", {c.batch_half_life_betas} ** (B / {run.schedule.batch_schedule.reference})"
                             if c.batch_half_life_betas else ""))
         for line in lines:
             tqdm.write(line)

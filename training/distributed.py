@@ -1,5 +1,4 @@
-"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU), the process's CPU float mode, and the few
-collectives the loop needs."""
+"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU), and the few collectives the loop needs."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -21,7 +19,6 @@ class Distributed:
     local_rank: int
     world_size: int
     device: torch.device
-    flush_denormals: bool = False  # (setup set the CPU's subnormals to zero: teardown restores IEEE floats)
 
     @property
     def is_main(self) -> bool:
@@ -32,11 +29,8 @@ class Distributed:
         return self.world_size > 1
 
 
-def setup(device: str = "auto", flush_denormals: bool = False) -> Distributed:
-    """Read torchrun's environment (a plain `python train.py` is a world of one); with
-    ``flush_denormals``, first compute the CPU's subnormal floats as zero."""
-    if flush_denormals:
-        enable_flush_denormals()
+def setup(device: str = "auto") -> Distributed:
+    """Read torchrun's environment (a plain `python train.py` is a world of one)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -50,26 +44,7 @@ def setup(device: str = "auto", flush_denormals: bool = False) -> Distributed:
     if world_size > 1:
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", store=_restart_store(world_size),
                                 rank=rank, world_size=world_size, device_id=torch_device if device == "cuda" else None)
-    return Distributed(rank, local_rank, world_size, torch_device, flush_denormals)
-
-
-def enable_flush_denormals():
-    """Compute the CPU's subnormal floats as zero, on every thread of torch's pool (config ``flush_denormals``).
-
-    The mode is a register of each thread (MXCSR on x86), which torch's worker threads copy from
-    the main thread when they start: set before the process computes anything in parallel (as
-    train.py's start-up does), it reaches every thread; set later (a run started inside a process
-    that has computed, e.g. a test), only the main thread, which a product of two small floats in
-    parallel shows, and a warning says."""
-    if not torch.set_flush_denormal(True):
-        raise ValueError("flush_denormals=True: this CPU has no flush-to-zero mode (x86 with SSE3, or ARM); "
-                         "leave flush_denormals at False")
-    # 1e-40 is subnormal in float32; a chunk per thread (torch's grain: 32,768 elements)
-    tiny = torch.full((32768 * torch.get_num_threads(),), 1e-30) * 1e-10
-    if survivors := int(torch.count_nonzero(tiny)):
-        warnings.warn(f"flush_denormals=True reached only some of torch's {torch.get_num_threads()} threads "
-                      f"({survivors} of {tiny.numel()} subnormal products survived): they started before it was set; "
-                      f"start the run in a fresh process (python train.py ...) for every thread to flush")
+    return Distributed(rank, local_rank, world_size, torch_device)
 
 
 def launcher() -> list[str]:
@@ -126,7 +101,7 @@ def _restart_store(world_size: int) -> dist.Store | None:
 
 
 def teardown(ctx: Distributed):
-    """Leave the process group, and restore IEEE floats if setup flushed subnormals.
+    """Leave the process group.
 
     A gloo worker thread frees each finished collective's tensors itself, holding its work-queue
     lock and taking the GIL; the process group's destructor (run when the DDP model releases it,
@@ -136,8 +111,6 @@ def teardown(ctx: Distributed):
     if ctx.enabled:
         time.sleep(0.1)
         dist.destroy_process_group()
-    if ctx.flush_denormals:  # IEEE floats again in the process that ran the run
-        torch.set_flush_denormal(False)
 
 
 def all_reduce_mean(tensor: torch.Tensor, ctx: Distributed) -> torch.Tensor:

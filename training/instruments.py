@@ -149,12 +149,12 @@ class OptimizerInstruments(Part):
         return cls(run.optimizer, UpdateStatistics(run.model), run.layout.measures_optimizer())
 
     def before_update(self, step: Step) -> None:
-        if step.log and self.measures:
+        if step.log and step.committed and self.measures:  # (a dropped step updates nothing to measure)
             self.optimizer.request_diagnostics()
             self.statistics.begin()
 
     def after_update(self, step: Step) -> None:
-        if step.log and self.measures:
+        if step.log and step.committed and self.measures:
             self.statistics.end()
 
     def measure(self, step: Step) -> dict[str, float]:

@@ -73,11 +73,12 @@ class MetricsLogger:
         try:
             import wandb
 
-            run = wandb.init(project=project, entity=entity, group=group, name=config["run_name"], config=config,
-                             mode=mode, dir=str(run_dir), id=_run_id(run_dir), resume="allow" if resume else None)
+            wandb_run = wandb.init(project=project, entity=entity, group=group, name=config["run_name"],
+                                   config=config, mode=mode, dir=str(run_dir), id=_run_id(run_dir),
+                                   resume="allow" if resume else None)
             # Per-layer max attention logits and optimizer diagnostics share a step axis with the loss.
-            run.define_metric("*", step_metric="step")
-            return run
+            wandb_run.define_metric("*", step_metric="step")
+            return wandb_run
         except Exception as e:  # noqa: BLE001 - any wandb failure must leave training running
             warnings.warn(f"wandb could not start ({e}); logging to {run_dir / 'metrics.jsonl'} only")
             return None
@@ -129,19 +130,19 @@ class TrainLoss(Part):
     def measure(self, step) -> dict[str, float]:
         run = self.run
         record = {"train/loss": distributed.all_reduce_mean(run.loss_window.pop_mean(), run.ctx).item(),
-                  "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": run.grad_norm.item()}
+                  "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": step.grad_norm.item()}
         taken = step.number - 1
-        record.update({"batch/size": run.batches.schedule.phase(taken).batch,
-                       "batch/tokens_per_step": run.batches.schedule.tokens_per_step(taken),
-                       "batch/phase": run.batches.schedule.phase_index(taken)})
+        record.update({"batch/size": run.schedule.batch_schedule.phase(taken).batch,
+                       "batch/tokens_per_step": run.schedule.batch_schedule.tokens_per_step(taken),
+                       "batch/phase": run.schedule.batch_schedule.phase_index(taken)})
         if run.config.nonfinite == "skip":
             record["skipped_steps"] = run.nonfinite.skipped
         return record
 
 
-def phase_range(name: str):
+def section_range(name: str):
     """A torch.profiler range named ``name`` while a profiler records (a trace shows the step's
-    phases), else nothing: ``record_function`` costs about 20 us a range even with no profiler,
+    sections), else nothing: ``record_function`` costs about 20 us a range even with no profiler,
     140 us of a batch-1 step of the mini-study's model (docs/performance.md, "Small batches")."""
     return record_function(name) if torch.autograd._profiler_enabled() else nullcontext()
 
@@ -165,7 +166,7 @@ class Speed(Part):
         self.since, self.tokens = time.perf_counter(), 0
 
     def after_step(self, step) -> None:
-        self.tokens += self.run.batches.schedule.tokens_per_step(step.number - 1)
+        self.tokens += self.run.schedule.batch_schedule.tokens_per_step(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":

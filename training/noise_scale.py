@@ -74,12 +74,12 @@ class GradientNoiseScale(Part):
     @classmethod
     def build(cls, run) -> "GradientNoiseScale | None":
         world_size = run.ctx.world_size
-        accumulations = {run.batches.schedule.accumulation(phase.step, run.config.micro_batch_size, world_size)
-                         for phase in run.batches.schedule.phases}  # (a batch schedule's phases may differ)
+        accumulations = {run.schedule.batch_schedule.accumulation(phase.step, run.config.micro_batch_size, world_size)
+                         for phase in run.schedule.batch_schedule.phases}  # (a batch schedule's phases may differ)
         if not (any(cls.possible(a, world_size) for a in accumulations) and run.layout.measures_gradient_noise):
             return None
         part = cls(gpt_groups(run.model), run.config.micro_batch_size * run.model_config.block_size,
-                   run.batches.accumulation, world_size, run.config.noise_scale_ema)
+                   run.schedule.accumulation, world_size, run.config.noise_scale_ema)
         part.run, part.hooked = run, world_size > 1 and 1 in accumulations
         return part
 
@@ -89,7 +89,7 @@ class GradientNoiseScale(Part):
 
     def before_step(self, step: Step) -> None:
         if step.log:
-            self.follow(self.run.batches.accumulation)
+            self.follow(self.run.schedule.accumulation)
             self.measured = self.possible(self.grad_accum, self.world_size)  # (not in a phase of one micro-batch)
             if self.measured:
                 self.begin(self.run.scaler.get_scale())  # (1.0 without float16)

@@ -36,9 +36,11 @@ class NonFiniteSteps:
         self.reported = 0           # skipped steps already reported on the console
         self.pending: list[tuple[int, Tensor]] = []  # (step, finite) recorded since
 
-    def record(self, step: int, finite: Tensor) -> None:
-        """Step ``step`` (1-based) had a finite gradient or not (a 0-d bool tensor)."""
-        self.pending.append((step, finite))
+    def record(self, step: int, finite: Tensor, committed: bool = True) -> None:
+        """Step ``step`` (1-based) had a finite gradient or not (a 0-d bool tensor); a step that was
+        not ``committed`` (replica groups dropped it) trained nothing, and is not recorded."""
+        if committed:
+            self.pending.append((step, finite))
 
     def count(self) -> None:
         """The pending steps counted (one host read)."""

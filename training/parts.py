@@ -1,16 +1,19 @@
 """What takes part in a run beside the model and the optimizer: parts with one lifecycle.
 
 The instruments, QK-Clip, the gradient noise scale, validation, zero-shot evaluation, the metrics
-log and the console are parts; train.py registers them in one list (``PARTS``) and the loop calls
-the list, so a new feature is a new part, not new lines in the loop. A config adds its own parts
-with ``extra_parts`` ("module:Class", comma-separated), as tests/test_parts.py does.
+log, the console and the replica groups are parts; train.py registers them in one order and the
+loop calls them in it, so a new feature is a new part, not new lines in the loop. A config adds its
+own parts with ``extra_parts`` ("module:Class", comma-separated), as tests/test_parts.py does:
+they go after train.py's ``PARTS`` and before its ``LAST_PARTS`` (the replica groups, whose quorum
+follows every other part's ``after_step``).
 
-A part is built by its class's ``build(run)`` from the run (train.py's ``Trainer``: the resolved
-``config``, ``model``, ``optimizer``, ``layout``, ``ctx``, ``device``, ``autocast`` ...), after
-the model and optimizer and before anything is written; it returns None where the config does not
-ask for it, and raises a ValueError naming the key where the config asks for something
-impossible. A part that reads the weights as the model's (an evaluation) takes the model from
-``run.evaluated_model()``, which puts them where the optimizer evaluates (Schedule-Free's x).
+A part is built by its class's ``build(run)`` from the run: what it may read of it is declared
+once, by ``Run`` below (train.py's ``Trainer`` provides it; tests/test_parts.py fails on a part
+that reaches for anything else). It is built after the model and optimizer and before anything is
+written; it returns None where the config does not ask for it, and raises a ValueError naming the
+key where the config asks for something impossible. A part that reads the weights as the model's
+(an evaluation) takes the model from ``run.evaluated_model()``, which puts them where the optimizer
+evaluates (Schedule-Free's x).
 The loop then calls every part, in the list's order, at these moments (each is optional: the
 base class's do nothing):
 
@@ -19,7 +22,10 @@ base class's do nothing):
 ``before_step(step)``      before the step's forward and backward passes
 ``after_backward(i)``      after micro-batch i's backward (its gradient accumulated in .grad)
 ``after_reduce()``         the step's gradient is complete: all-reduced and unscaled, not clipped
-``before_update(step)``    just before the optimizer step ...
+``commit(step)``           clipped (``step.grad_norm``, ``step.finite``): whether the update is applied
+                           (``step.committed``: replica groups that disagreed drop it); nothing
+                           records the step before, and a dropped step enters no record as trained
+``before_update(step)``    just before the optimizer step (``step.committed`` final) ...
 ``after_update(step)``     ... and just after it
 ``after_step(step)``       after the update, before anything reads the weights (``step.finite``)
 ``measure(step)``          at a log step: the part's metrics, logged with the train loss
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Protocol
 
 from torch import Tensor
 
@@ -69,8 +76,45 @@ class Step:
     number: int
     log: bool = False  # a log step: measured (a host sync), its metrics logged
     final: bool = False  # the run's last step
-    finite: Tensor | None = None  # after the update: whether the gradient was finite (a 0-d bool tensor)
-    committed: bool = True  # False (set before_update): the update is dropped (replica groups that disagreed)
+    grad_norm: Tensor | None = None  # from commit on: the gradient's norm before clipping (a 0-d tensor)
+    finite: Tensor | None = None  # from commit on: whether the gradient was finite (a 0-d bool tensor)
+    committed: bool = True  # False (set at commit): the update is dropped (replica groups that disagreed)
+
+
+class Run(Protocol):
+    """What a part may read of the run it takes part in, declared once: train.py's ``Trainer``
+    provides every name (tests/test_parts.py holds both sides: the Trainer has each, and no part
+    reaches for another). A part writes none of them: its own state is its own, and what it tells
+    the loop goes through the ``Step`` it is handed. Set before the parts are built, but
+    ``train_model``, ``signals`` and ``run_lock``, set before the loop starts. (Types by name: their
+    modules import this one.)"""
+
+    config: TrainConfig  # the resolved config: what the run trains with and records
+    optimizer_settings: Settings  # the optimizer's resolved hyper-parameters (optim.settings)
+    ctx: Distributed  # this process: rank, world size, device
+    device: torch.device
+    dtype: torch.dtype  # what the forward computes in
+    autocast: AbstractContextManager  # the forward's autocast (none for float32)
+    scaler: GradScaler  # enabled for float16
+    layout: Layout  # how the model and the optimizer state lie over the ranks (training/parallel.py)
+    tokenizer: Tokenizer
+    model_config: GPTConfig
+    model: GPT  # the plain module (never compiled or wrapped): its weights as trained
+    train_model: nn.Module  # what the steps run (compiled, wrapped by DDP)
+    optimizer: Optimizer
+    schedule: StepSchedule  # the run's length, its batch schedule, the step's accumulation (training/batch_schedule.py)
+    state: RunState  # everything a checkpoint holds: the step, the tokens, the changes (training/state.py)
+    loss_window: LossWindow  # the train loss since the last log step
+    nonfinite: NonFiniteSteps  # the non-finite bookkeeping (training/nonfinite.py)
+    signals: StopSignals  # SIGTERM and Ctrl-C (training/signals.py)
+    run_dir: Path
+    run_lock: RunLock  # the run folder's lock, to check before a write (training/run_folder.py)
+    resuming: bool  # the run continues a checkpoint
+    loader_options: dict  # what every loader of the run's data is built with (data/loader.py)
+    step: int  # optimizer steps taken
+
+    def evaluated_model(self) -> GPT:
+        """The model at the weights it is evaluated at (Schedule-Free: its average x)."""
 
 
 class Part:
@@ -80,7 +124,7 @@ class Part:
     metric_keys: tuple[str, ...] = ()  # the keys it may return from measure and evaluate (the module's docstring)
 
     @classmethod
-    def build(cls, run) -> Part | None:
+    def build(cls, run: Run) -> Part | None:
         """The part for ``run``, None where its config does not ask for it (by default: made
         from the run by the constructor)."""
         return cls(run)
@@ -92,6 +136,8 @@ class Part:
     def after_backward(self, micro_step: int) -> None: ...
 
     def after_reduce(self) -> None: ...
+
+    def commit(self, step: Step) -> None: ...
 
     def before_update(self, step: Step) -> None: ...
 

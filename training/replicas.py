@@ -2,7 +2,7 @@
 
 A run may be one of ``replica_groups`` groups, each its own torchrun job (DDP or FSDP2 inside it,
 or one process), coordinated by a torchft lighthouse (``torchft_lighthouse --min_replicas 1 ...``) and
-one ``torchft.Manager`` per group (``ReplicaGroup``). The groups split every global batch: rank r
+one ``torchft.Manager`` per group (``ReplicaMembership``). The groups split every global batch: rank r
 of group g reads the rows of data rank g x W + r (``Layout.data_rank``), so G groups of W ranks
 read what one job of G x W ranks would. Then either:
 
@@ -34,8 +34,9 @@ beside another (``rejoin_timeout``); a lost lighthouse is waited for until ``rep
 every group stops with its resume command.
 
 The quorum of a step is formed after the previous step (``ReplicaGroups.after_step``, the last
-part), so a joining group's new state is in place before the next step is numbered; the first
-quorum when the loop starts.
+part by construction: train.py's ``LAST_PARTS``), so a joining group's new state is in place
+before the next step is numbered; the first quorum when the loop starts. The step is committed or
+dropped at the parts' ``commit``, before anything records it.
 
 What a group records (metrics ``replicas/``, at each log step): the groups that took part in the
 last step or meeting (``participants``) and the sequences whose gradients it averaged
@@ -71,6 +72,7 @@ from tqdm import tqdm
 
 from optim.sharding import local
 from training import distributed
+from training.communication import nbytes
 from training.distributed import Distributed
 from training.parts import Part, Step
 from training.replica_checks import JoinRefused, ReplicasStopped, job_identity, weight_split, weights_fingerprint
@@ -82,19 +84,18 @@ INSTALL = "pip install -r requirements-ft.txt"
 LIGHTHOUSE_WAIT_S = 10.0
 
 
-class ReplicaGroup:
+class ReplicaMembership:
     """This job's membership of the replica groups: torchft's ``Manager`` (the quorum each step,
-    the cross-group all-reduce, the commit, healing a joining group), its process group across the
-    groups (``pg``: the identity check at each new quorum, training/torchft_adapter.py) and the
-    bytes it carried."""
+    the cross-group all-reduce, the commit, healing a joining group) and its process group across
+    the groups (``pg``: the identity check at each new quorum, training/torchft_adapter.py); this
+    job is group ``replica_id`` of ``group_count``."""
 
-    def __init__(self, manager, pg, replica_id: int, groups: int, store: dist.TCPStore | None):
-        self.manager, self.pg, self.replica_id, self.groups = manager, pg, replica_id, groups
+    def __init__(self, manager, pg, replica_id: int, group_count: int, store: dist.TCPStore | None):
+        self.manager, self.pg, self.replica_id, self.group_count = manager, pg, replica_id, group_count
         self.store = store  # (a group of one process: the store torchft's manager meets in, held open)
-        self.bytes_allreduced = 0
 
     @classmethod
-    def join(cls, config, ctx: Distributed) -> ReplicaGroup:
+    def join(cls, config, ctx: Distributed) -> ReplicaMembership:
         """Connect to config.lighthouse as group config.replica_id (every rank of the job calls it)."""
         # torchft's Rust core logs every quorum and commit at "info": its warnings only, unless asked.
         os.environ.setdefault("RUST_LOG", "warn")
@@ -133,7 +134,6 @@ class ReplicaGroup:
         A failed all-reduce (a peer lost) leaves ``tensor`` undefined and is the manager's to
         report: the step is then not committed. (The future is a fresh one: torchft's own, of a
         failed collective, has no result to hand DDP's reducer, which then crashes.)"""
-        self.bytes_allreduced += tensor.numel() * tensor.element_size()
         self.manager.allreduce(tensor).wait()
         done = torch.futures.Future()
         done.set_result(tensor)
@@ -174,10 +174,10 @@ class ReplicaGroups(Part):
     metric_keys = ("replicas/",)
 
     def __init__(self, run):
-        self.run, self.group = run, run.layout.replica_group
+        self.run, self.membership = run, run.layout.membership
         self.config = config = run.config
         self.local_steps = config.local_steps
-        self.local = None  # torchft's DiLoCo or LocalSGD, entered at start
+        self.local = None  # torchft's DiLoCo or LocalSGD (torchft_adapter.LocalRounds), entered at start
         self.local_state: dict | None = None  # a checkpoint's, for the local method once it exists
         self.meetings = 0  # the manager's committed steps (with local steps: meetings) when last counted
         self.participants = self.effective_batch = 0
@@ -191,45 +191,30 @@ class ReplicaGroups(Part):
         if not config.replica_groups:
             return None
         if config.local_steps:
-            if run.batches.total_steps % config.local_steps:
+            if run.schedule.total_steps % config.local_steps:
                 raise ValueError(f"local_steps={config.local_steps} does not divide the run's "
-                                 f"{run.batches.total_steps} steps: its last steps would never meet; choose "
+                                 f"{run.schedule.total_steps} steps: its last steps would never meet; choose "
                                  f"max_steps (or max_tokens) a multiple of local_steps")
         return cls(run)
 
     # --- the run ---
     def start(self) -> None:
-        manager, state = self.group.manager, self.run.state
+        manager, state = self.membership.manager, self.run.state
         self.resumed_at = state.step if self.run.resuming else None
-        self.group.pg.check_identity(self.config.replica_id, job_identity(self.config.to_dict()), self.run.device)
+        self.membership.pg.check_identity(self.config.replica_id, job_identity(self.config.to_dict()), self.run.device)
         manager.register_state_dict_fn("run", self._load_peer_state, state.peer_state_dict)
         self.meetings = manager.current_step()
         if self.local_steps:
-            self.local = self._local_method()
-            self.local.__enter__()
+            from training.torchft_adapter import LocalRounds
+            run, config = self.run, self.config
+            self.local = LocalRounds(config.local_method, manager, run.model, run.optimizer, self.local_steps,
+                                     config.outer_lr, config.outer_momentum)
+            # (the groups meet at the run's steps divisible by H)
+            self.local.enter(steps_since_meeting=state.step % self.local_steps, state=self.local_state)
         else:
             self._quorum()  # (a joining group takes a peer's state here)
             self._wait_for_a_peer()
             self._check_weights_if_due()
-
-    def _local_method(self):
-        from torchft import local_sgd
-        run, manager = self.run, self.group.manager
-        if self.config.local_method == "localsgd":
-            local = local_sgd.LocalSGD(manager, run.model, run.optimizer, sync_every=self.local_steps)
-        else:
-            outer = torch.optim.SGD(run.model.parameters(), lr=self.config.outer_lr,
-                                    momentum=self.config.outer_momentum, nesterov=True)
-            local = local_sgd.DiLoCo(manager, [run.model], run.optimizer, outer, sync_every=self.local_steps)
-            if self.local_state is not None:  # (the checkpoint's outer momentum and last meeting's weights)
-                fragment = local._fragments[0]
-                fragment._outer_optimizer.load_state_dict(self.local_state["outer_optimizer"])
-                for name, weights in self.local_state["met_weights"].items():
-                    fragment.original_parameters[name].copy_(weights)
-        # The steps since the last meeting (torchft counts them itself from its start): the groups meet
-        # at the run's steps divisible by H.
-        local._local_step = run.state.step % self.local_steps
-        return local
 
     def _load_peer_state(self, state: dict) -> None:
         self.run.state.load_peer_state_dict(state)
@@ -239,12 +224,12 @@ class ReplicaGroups(Part):
         """The next step's quorum (a joining group takes a peer's state in it), then what the
         groups' identity check found (training/torchft_adapter.py)."""
         self.healed = False
-        self.group.manager.start_quorum()
+        self.membership.manager.start_quorum()
         self._after_quorum()
 
     def _after_quorum(self) -> None:
         """A refusal of this group stops it; one of another group is said (its step is dropped)."""
-        refusal, self.group.pg.refusal = self.group.pg.refusal, None
+        refusal, self.membership.pg.refusal = self.membership.pg.refusal, None
         if isinstance(refusal, JoinRefused):
             raise refusal
         if refusal is not None and self.run.ctx.is_main:
@@ -254,11 +239,11 @@ class ReplicaGroups(Part):
         """Whether this group may not train alone yet: resumed from its own checkpoint, it would train on
         from a state the other groups may have passed (they may have finished since it stopped), into a
         second model under the job's name (``rejoin_timeout`` 0: it may)."""
-        return self.resumed_at is not None and bool(self.config.rejoin_timeout) and self.group.groups > 1
+        return self.resumed_at is not None and bool(self.config.rejoin_timeout) and self.membership.group_count > 1
 
     def _alone(self, where: str) -> ReplicasStopped:
         return ReplicasStopped(
-            f"replica group {self.group.replica_id} resumed at step {self.resumed_at} and met no other group "
+            f"replica group {self.membership.replica_id} resumed at step {self.resumed_at} and met no other group "
             f"{where}: training on alone could make a second model from a state the others have passed. If they "
             f"finished, the job is done (their checkpoints hold its model); if they are starting, start this group "
             f"again; to train this group on alone, start it with --rejoin_timeout=0")
@@ -266,24 +251,24 @@ class ReplicaGroups(Part):
     def _wait_for_a_peer(self) -> None:
         """A resumed group (``_must_meet_a_peer``) trains beside another group, or not at all within
         rejoin_timeout."""
-        if not self._must_meet_a_peer() or self.group.participants > 1:
+        if not self._must_meet_a_peer() or self.membership.participants > 1:
             return
         timeout = self.config.rejoin_timeout
         if self.run.ctx.is_main:
-            tqdm.write(f"replica group {self.group.replica_id} resumed at step {self.resumed_at} and no other group is "
-                       f"training: waiting up to rejoin_timeout={timeout:g} s for one")
+            tqdm.write(f"replica group {self.membership.replica_id} resumed at step {self.resumed_at} and no other group "
+                       f"is training: waiting up to rejoin_timeout={timeout:g} s for one")
         deadline = time.monotonic() + timeout
-        while self.group.participants < 2:
+        while self.membership.participants < 2:
             if time.monotonic() > deadline:
                 raise self._alone(f"within rejoin_timeout={timeout:g} s (a longer one waits longer)")
             time.sleep(1.0)
             self._quorum()
 
-    def before_update(self, step: Step) -> None:
+    def commit(self, step: Step) -> None:
         if self.local_steps:
             return
-        step.committed = self.group.manager.should_commit()
-        self.group.pg.member |= step.committed
+        step.committed = self.membership.manager.should_commit()
+        self.membership.pg.member |= step.committed
         self._count(step.number, step.committed, own_share=False)
 
     def after_update(self, step: Step) -> None:
@@ -291,13 +276,13 @@ class ReplicaGroups(Part):
             return
         # The optimizer's step met the others (torchft's local_sgd: every parameter, DiLoCo its pseudo-gradient,
         # all-reduced once a meeting).
-        self.group.bytes_allreduced += sum(p.numel() * p.element_size() for p in self.run.model.parameters())
-        committed = self.group.manager.current_step() > self.meetings
-        self.meetings = self.group.manager.current_step()
+        self.run.layout.traffic.count(nbytes(self.run.model.parameters()), across_groups=True)
+        committed = self.membership.manager.current_step() > self.meetings
+        self.meetings = self.membership.manager.current_step()
         self._after_quorum()
-        first_meeting = not self.group.pg.member
-        self.group.pg.member |= committed
-        if first_meeting and self._must_meet_a_peer() and self.group.participants < 2:
+        first_meeting = not self.membership.pg.member
+        self.membership.pg.member |= committed
+        if first_meeting and self._must_meet_a_peer() and self.membership.participants < 2:
             raise self._alone("at its first meeting")  # (torchft's meeting has no wait: its checkpoint as it was)
         # A group that took a peer's state at this meeting met with the peer's own weights: one share, not two.
         copies = self._check_weights() if committed else 0
@@ -314,7 +299,7 @@ class ReplicaGroups(Part):
     def _check_weights_if_due(self) -> None:
         """After a quorum: the weights' check where the groups' membership changed or the step is due
         (the same verdict on every group of the quorum: its members agree on both)."""
-        if self.group.pg.reconfigured or self.run.state.step % self.config.replica_check_interval == 0:
+        if self.membership.pg.reconfigured or self.run.state.step % self.config.replica_check_interval == 0:
             self._check_weights()
 
     def _check_weights(self) -> int:
@@ -322,15 +307,16 @@ class ReplicaGroups(Part):
         step (training/replica_checks.py): equal, or the run stops naming who differs. Returns the
         groups that took a peer's state at the last quorum. Every group of the quorum calls it at the
         same moments (after a new quorum, every replica_check_interval steps, after a meeting)."""
-        group, manager = self.group, self.group.manager
-        group.pg.reconfigured = False
-        if manager.errored() or group.participants < 2:
+        membership, manager = self.membership, self.membership.manager
+        membership.pg.reconfigured = False
+        if manager.errored() or membership.participants < 2:
             return 0
         model, device = self.run.model, self.run.device
-        head = torch.tensor([group.replica_id, manager.current_step(), self.healed], dtype=torch.float64, device=device)
+        head = torch.tensor([membership.replica_id, manager.current_step(), self.healed], dtype=torch.float64,
+                            device=device)
         mine = torch.cat([head, weights_fingerprint([local(p) for p in model.parameters()])])
         try:
-            rows = group.pg.allgather_tensor(mine)
+            rows = membership.pg.allgather_tensor(mine)
         except Exception as error:  # (a peer lost: the manager drops the next step, as its own collectives would)
             manager.report_error(error)
             return 0
@@ -350,9 +336,9 @@ class ReplicaGroups(Part):
         weights, and those lost: ``committed``, the participants' shares but ``copies`` (groups that
         met with a peer's weights); dropped, none (or the group's own, where a dropped meeting keeps
         the local weights: ``own_share``)."""
-        groups, schedule = self.group.groups, self.run.batches.schedule
+        groups, schedule = self.membership.group_count, self.run.schedule.batch_schedule
         tokens = sum(schedule.tokens_per_step(n - 1) for n in range(number - steps + 1, number + 1))
-        self.participants = self.group.participants
+        self.participants = self.membership.participants
         shares = self.participants - copies if committed else int(own_share)
         self.effective_batch = shares * schedule.phase(number - 1).batch // groups
         self.tokens_trained += tokens * shares // groups
@@ -362,32 +348,30 @@ class ReplicaGroups(Part):
     def measure(self, step: Step) -> dict:
         record = {"replicas/participants": self.participants, "replicas/effective_batch": self.effective_batch,
                   "replicas/tokens_trained": self.tokens_trained, "replicas/tokens_lost": self.tokens_lost,
-                  "replicas/dropped": self.dropped, "replicas/bytes_allreduced": self.group.bytes_allreduced}
+                  "replicas/dropped": self.dropped, "replicas/bytes_allreduced": self.run.layout.traffic.across}
         if step.final:  # (what scripts.report compares across the groups: did they end with one model)
             record["replicas/weights_sha256"] = weights_digest(self.run.model, self.run.ctx)
         return record
 
     def close(self) -> None:
         if self.local is not None:
-            self.local.__exit__(None, None, None)
-        self.group.shutdown()
+            self.local.exit()
+        self.membership.shutdown()
 
     # --- state (checkpoints, and a joining group's) ---
     def state_dict(self) -> dict:
-        state = {"manager": self.group.manager.state_dict(), "tokens_trained": self.tokens_trained,
+        state = {"manager": self.membership.manager.state_dict(), "tokens_trained": self.tokens_trained,
                  "tokens_lost": self.tokens_lost, "dropped": self.dropped,
-                 "bytes_allreduced": self.group.bytes_allreduced}
-        if self.local is not None and hasattr(self.local, "_fragments"):
-            fragment = self.local._fragments[0]
-            state["local"] = {"outer_optimizer": fragment._outer_optimizer.state_dict(),
-                              "met_weights": {name: t.clone() for name, t in fragment.original_parameters.items()}}
+                 "bytes_allreduced": self.run.layout.traffic.across}
+        if self.local is not None and (local := self.local.state_dict()) is not None:
+            state["local"] = local
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.group.manager.load_state_dict(state["manager"])
+        self.membership.manager.load_state_dict(state["manager"])
         self.tokens_trained, self.tokens_lost, self.dropped = (state["tokens_trained"], state["tokens_lost"],
                                                                state["dropped"])
-        self.group.bytes_allreduced = state["bytes_allreduced"]
+        self.run.layout.traffic.across = state["bytes_allreduced"]
         self.local_state = state.get("local")
 
 

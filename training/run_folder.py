@@ -183,29 +183,29 @@ def resume_command(launcher: list[str], argv: list[str]) -> list[str]:
 
 
 def guide(run_dir: Path, step: int, total_steps: int, config: TrainConfig, launcher: list[str],
-          argv: list[str], evaluating: int = 0) -> str:
+          argv: list[str], evaluation_pending: bool = False) -> str:
     """Where a run's files are and the commands that evaluate, continue and export it (printed at
     the end of an invocation). ``launcher`` and ``argv``: how train.py was started and its
     arguments, so the resume command is the user's own; a finished run continues only with a
-    longer schedule. ``evaluating``: the step whose evaluation a stop left pending (0: none), which
-    any resume runs first. A model no Hugging Face class computes gets no export command, but why."""
+    longer schedule. ``evaluation_pending``: a stop left the step's evaluation pending, which any
+    resume runs first. A model no Hugging Face class computes gets no export command, but why."""
     checkpoint = run_dir / CHECKPOINT_NAME
     length = "--max_steps" if config.max_steps else "--max_tokens"
     resume = resume_command(launcher, argv)
-    pending = f"step {evaluating}'s pending evaluation" if evaluating else ""
+    pending = f"step {step}'s pending evaluation" if evaluation_pending else ""
     lines = [f"run folder {run_dir}:",
              f"  checkpoint  {checkpoint} (step {step} of {total_steps}"
-             + (f"; step {evaluating}'s evaluation, which a stop interrupted, is pending)" if evaluating else ")"),
+             + (f"; step {step}'s evaluation, which a stop interrupted, is pending)" if pending else ")"),
              f"  metrics     {run_dir / 'metrics.jsonl'}",
              f"  config      {run_dir / 'config.json'}",
              f"evaluate  python -m eval --ckpt {checkpoint} --tasks paper  (offline, on sample tasks: add --samples)"]
-    if step < total_steps or evaluating:
-        lines.append(f"resume    {shlex.join(resume)}" + (f"  (runs {pending} first)" if evaluating else ""))
+    if step < total_steps or pending:
+        lines.append(f"resume    {shlex.join(resume)}" + (f"  (runs {pending} first)" if pending else ""))
     if step == total_steps:  # twice the length, as an example: any longer schedule continues it, a change said as one
         longer = [*(arg for arg in resume if arg.split("=")[0] != length),
                   f"{length}={2 * (config.max_steps or config.max_tokens)}", f"--allow_changes={length[2:]}"]
         lines.append(f"train on  {shlex.join(longer)}  (any longer run; the lr schedule follows the new "
-                     f"length" + (f"; {pending} runs first)" if evaluating else ")"))
+                     f"length" + (f"; {pending} runs first)" if pending else ")"))
     model_config = config.model_config(n_vocab=1)  # (the model's family and options; its vocabulary aside)
     refusal = hf_export_refusal(model_config)
     lines.append(f"export    none to Hugging Face: {refusal}; python -m eval evaluates it (above)" if refusal else

@@ -34,10 +34,10 @@ class StopSignals:
         """Whether a signal reached any rank (every rank calls it: a host sync, at log steps)."""
         return distributed.any_rank(self.received is not None, ctx)
 
-    def announce_stop(self, rank: int, step: int, evaluating: int) -> None:
-        """The stop, saved at ``step``: with the evaluation it left pending (of step ``evaluating``; 0:
-        none), which any resume runs first."""
-        pending = f", with step {evaluating}'s evaluation pending (any resume runs it first)" if evaluating else ""
+    def announce_stop(self, rank: int, step: int, evaluation_pending: bool) -> None:
+        """The stop, saved at ``step``: with its evaluation pending where it interrupted it, which
+        any resume runs first."""
+        pending = f", with step {step}'s evaluation pending (any resume runs it first)" if evaluation_pending else ""
         tqdm.write(f"rank {rank}: {self.received or 'SIGTERM'} received, saved step {step}{pending}, exiting")
 
     def restore(self) -> None:

@@ -5,9 +5,9 @@ Each piece saves and loads itself (torchtitan's ``Stateful`` idea: ``state_dict`
 RNG states, the train-loss window since the last log step), each keyed by its ``Checkpoint``
 field (training/checkpoint.py), and the run's parts with state (training/parts.py: the gradient
 noise scale's EMAs, a config's extra parts), kept in the ``parts`` field by their names.
-``RunState`` collects them with the step counter, the batch schedule, the model and the optimizer; the layout
-(training/parallel.py) saves and loads it, and is the only code that knows how the model and the
-optimizer state are written (inline, ZeRO-1 consolidated or DCP shards).
+``RunState`` collects them with the step counter, the batch schedule, the model and the optimizer; the
+layout's checkpoint writer (training/checkpoint/writers.py) saves and loads it, and is the only code
+that knows how the model and the optimizer state are written (inline, ZeRO-1 consolidated or DCP shards).
 
 ``state_dict`` and ``load_state_dict`` are called on every rank, in step: parts that hold one
 value per rank gather them (a collective).
@@ -37,25 +37,25 @@ class RunState:
     checkpoint records of the run: ``config`` (the resolved config's dict). Pieces load in their
     order, then parts in theirs."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict, schedule: BatchSchedule,
-                 parts: list[Part] = (), **pieces: Stateful):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict,
+                 batch_schedule: BatchSchedule, parts: list[Part] = (), **pieces: Stateful):
         self.model, self.optimizer, self.config = model, optimizer, config
-        self.schedule = schedule  # the run's batch phases: the tokens of its steps
+        self.batch_schedule = batch_schedule  # the run's batch phases: the tokens of its steps
         self.step = 0  # optimizer steps taken
         self.changes: list[dict] = []  # settings changed on resume (Checkpoint.changes_on_resume)
-        self.evaluating = 0  # the step whose evaluation a stop interrupted; 0: none
+        self.evaluation_pending = False  # a stop interrupted this step's evaluation (run first on resume)
         self.pieces = pieces
         self.parts = {part.name: part for part in parts if part.name is not None}
 
     @property
     def tokens(self) -> int:
-        return self.schedule.tokens(self.step)
+        return self.batch_schedule.tokens(self.step)
 
     def state_dict(self) -> dict:
         """The ``Checkpoint`` fields but the model's and the optimizer's tensors (every rank)."""
-        return {"step": self.step, "tokens": self.tokens, "batch_phases": self.schedule.state_dict(),
+        return {"step": self.step, "tokens": self.tokens, "batch_phases": self.batch_schedule.state_dict(),
                 "config": self.config, "changes": list(self.changes),
-                "evaluating": self.evaluating,
+                "evaluation_pending": self.evaluation_pending,
                 "model_args": vars(self.model.config).copy(), "optim_backends": self.optimizer.backends(),
                 **{name: piece.state_dict() for name, piece in self.pieces.items()},
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
@@ -64,7 +64,8 @@ class RunState:
         """Continue from ``checkpoint`` (a ``Checkpoint``; its model and optimizer state are the
         layout's to load). A piece whose field is empty (a file of an older format version), or a
         part the checkpoint has no state of (a run without that part), keeps its fresh state."""
-        self.step, self.changes, self.evaluating = checkpoint.step, list(checkpoint.changes), checkpoint.evaluating
+        self.step, self.changes = checkpoint.step, list(checkpoint.changes)
+        self.evaluation_pending = checkpoint.evaluation_pending
         for name, piece in self.pieces.items():
             saved = getattr(checkpoint, name)
             if saved:

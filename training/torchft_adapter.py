@@ -8,6 +8,13 @@ imported only by runs that have replica groups.
   drops the step (or the meeting). Its ``allgather_bytes`` serves the weights' check too.
 * ``Manager``: torchft's, whose quorum failing (the lighthouse gone, no quorum in time) is one
   ``LighthouseLost`` naming the lighthouse, instead of torchft's raw message.
+* ``LocalRounds``: torchft's ``LocalSGD`` or ``DiLoCo`` around the inner optimizer (local steps),
+  with what a checkpoint keeps of them.
+
+torchft publishes no API for some of what this needs (the manager's client, the number of steps
+since a meeting, DiLoCo's outer optimizer and last meeting's weights): those names are reached
+here only, listed in ``UNPUBLISHED``, and ``missing_internals`` says which a torchft release lacks
+(tests/test_replica_checks.py runs it), so the pin in requirements-ft.txt can move with confidence.
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ from urllib.parse import urlsplit
 import torch
 import torchft
 from torch.distributed.distributed_c10d import AllgatherOptions
-from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+from torchft import local_sgd
+from torchft.process_group import ProcessGroupDummy, ProcessGroupGloo, ProcessGroupNCCL
 
 from training.replica_checks import JoinRefused, LighthouseLost, PeerRefused, refusals
 
@@ -149,3 +157,86 @@ def reachable(address: str, within: float = 0.0) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.2)
+
+
+def dummy_group() -> ProcessGroupDummy:
+    """A process group of one that communicates nothing (DDP's, where a hook does the reduction)."""
+    return ProcessGroupDummy(0, 1)
+
+
+class LocalRounds:
+    """torchft's ``LocalSGD`` (``method`` "localsgd": the weights averaged at each meeting) or
+    ``DiLoCo`` (the pseudo-gradients averaged, an outer SGD with Nesterov momentum stepped) around
+    ``optimizer``, the groups meeting every ``sync_every`` steps."""
+
+    def __init__(self, method: str, manager, model: torch.nn.Module, optimizer, sync_every: int,
+                 outer_lr: float, outer_momentum: float):
+        if method == "localsgd":
+            self.rounds = local_sgd.LocalSGD(manager, model, optimizer, sync_every=sync_every)
+        else:
+            outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+            self.rounds = local_sgd.DiLoCo(manager, [model], optimizer, outer, sync_every=sync_every)
+
+    def enter(self, steps_since_meeting: int, state: dict | None) -> None:
+        """Start the rounds ``steps_since_meeting`` steps after a meeting (torchft counts from its
+        start), from a checkpoint's ``state_dict`` (None: fresh)."""
+        if state is not None and self._fragment is not None:
+            self._fragment._outer_optimizer.load_state_dict(state["outer_optimizer"])
+            for name, weights in state["met_weights"].items():
+                self._fragment.original_parameters[name].copy_(weights)
+        self.rounds._local_step = steps_since_meeting
+        self.rounds.__enter__()
+
+    def exit(self) -> None:
+        self.rounds.__exit__(None, None, None)
+
+    def state_dict(self) -> dict | None:
+        """DiLoCo's outer momentum and the weights of the last meeting; None for LocalSGD (no state)."""
+        if self._fragment is None:
+            return None
+        return {"outer_optimizer": self._fragment._outer_optimizer.state_dict(),
+                "met_weights": {name: t.clone() for name, t in self._fragment.original_parameters.items()}}
+
+    @property
+    def _fragment(self):
+        """DiLoCo's one fragment (the whole model), None for LocalSGD."""
+        return self.rounds._fragments[0] if isinstance(self.rounds, local_sgd.DiLoCo) else None
+
+
+# What this module reaches in torchft that torchft does not publish, by where it is.
+UNPUBLISHED = {
+    "Manager.__init__ sets self._client": "the manager server's client (_QuorumIds renumbers its quorums)",
+    "Manager.__init__ sets self._quorum_timeout": "the quorum's timeout (LighthouseLost says how long it waited)",
+    "ManagerClient._quorum": "the quorum call that _QuorumIds wraps",
+    "LocalSGD._local_step": "the steps since the last meeting (a resumed run's)",
+    "DiLoCo._local_step": "the steps since the last meeting (a resumed run's)",
+    "DiLoCo._fragments": "DiLoCo's fragments (one: the whole model)",
+    "_StreamingDiLoCoFragment._outer_optimizer": "the outer SGD with its momentum (checkpointed)",
+    "_StreamingDiLoCoFragment.original_parameters": "the weights of the last meeting (checkpointed)",
+}
+
+
+def missing_internals() -> list[str]:
+    """The entries of ``UNPUBLISHED`` that the installed torchft lacks: its sources are read, since
+    the attributes are set in constructors that need a lighthouse (the manager) to run."""
+    import inspect
+
+    from torchft._torchft import ManagerClient
+    sources = {"Manager.__init__": inspect.getsource(torchft.Manager.__init__),
+               "LocalSGD": inspect.getsource(local_sgd.LocalSGD),
+               "DiLoCo": inspect.getsource(local_sgd.DiLoCo),
+               "_StreamingDiLoCoFragment": inspect.getsource(getattr(local_sgd, "_StreamingDiLoCoFragment", object))}
+    missing = []
+    for entry in UNPUBLISHED:
+        where, _, name = entry.partition(" sets ")
+        if name:  # an attribute a constructor sets
+            found = f"{name} =" in sources[where] or f"{name}:" in sources[where]
+        else:
+            owner, _, attribute = entry.rpartition(".")
+            if owner == "ManagerClient":
+                found = hasattr(ManagerClient, attribute)
+            else:
+                found = f"self.{attribute} =" in sources[owner] or f"self.{attribute}:" in sources[owner]
+        if not found:
+            missing.append(f"{entry} ({UNPUBLISHED[entry]})")
+    return missing

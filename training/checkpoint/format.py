@@ -1,38 +1,20 @@
-"""The checkpoint format and its lifecycle in a run folder; written atomically, read with weights_only=True.
+"""The checkpoint format, defined once: what a checkpoint holds, its version, how it is validated.
 
-``Checkpoint`` is the format, defined once: what a file holds, its version and how it is
-validated. train.py writes and resumes from it; the evaluator, the lm-eval adapter, the HF export
-and the Hessian script read its model with training/parallel.py's ``load_model``, since the
-layout decides where the tensors are. The file is a dict of the fields below plus
-``format_version``; older files (version 1 before ``optim_backends`` and ``train_window``,
-version 2 before ``noise_scale``, version 3 before ``tensors``, version 4 with the noise scale's
-state in a field of its own instead of ``parts``) are read as well.
+The file is a dict of ``Checkpoint``'s fields plus ``format_version``, written atomically and read
+with ``weights_only=True``. Older files are read as well: version 1 before ``optim_backends`` and
+``train_window``, 2 before ``noise_scale``, 3 before ``tensors``, 4 with the noise scale's state
+in a field of its own instead of ``parts``, 5 before ``batch_phases``, 6 with the step of a
+pending evaluation (``evaluating``) where 7 keeps ``evaluation_pending``.
 
-Two layouts, one format:
-
-* inline (``ckpt_<step>.pt``): one file holds everything, the model and optimizer state dicts
-  whole (one process, DDP, and ZeRO-1, whose state is consolidated on rank 0 first);
-* sharded (``ckpt_<step>.dcp/``, FSDP2): a folder in which every rank wrote its shards of the
-  model and of the optimizer state with ``torch.distributed.checkpoint`` (DCP), and rank 0 the
-  ``Checkpoint`` as ``checkpoint.pt`` with the optimizer's param groups (``tensors="dcp"``);
-  written and read by training/sharded_checkpoint.py, the only module that imports DCP. It
-  imports this one, never the reverse: training/parallel.py, above both, picks the layout.
-
-In a run folder (``save_in``, ``sharded_checkpoint.save_sharded_in``, ``load_latest``)
-``ckpt.pt``, a link to the newest checkpoint, is the latest pointer, switched atomically once the
-new one is complete; then ``prune`` (the checkpointer's, after each save) removes all but the
-newest ``keep`` and every ``permanent_interval``-th. Readers that take ``RUN/ckpt.pt`` get the newest.
+``tensors`` says where the model's and optimizer's tensors are: "inline" in the fields
+themselves (``ckpt_<step>.pt``), "dcp" in the DCP files of the checkpoint's folder
+(``ckpt_<step>.dcp/``, this file beside them as ``checkpoint.pt``; sharded.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import shutil
 import subprocess
-import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +24,12 @@ from atomic import atomic_write
 from configs import keys_with_role, listed
 from model import GPT, GPTConfig
 
-CHECKPOINT_NAME = "ckpt.pt"  # the latest pointer
+CHECKPOINT_NAME = "ckpt.pt"  # in a run folder: the link to its newest checkpoint (files.py)
 SHARDED_CHECKPOINT = "checkpoint.pt"  # in a sharded checkpoint's folder: the Checkpoint beside the DCP files
-NUMBERED = re.compile(r"ckpt_(\d{8,})\.(pt|dcp)")
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # Fields a version lacks, with the value its files are read with.
 _ADDED_IN = {2: {"optim_backends": {}, "train_window": {}}, 3: {"noise_scale": {}}, 4: {"tensors": "inline"},
-             5: {"changes": [], "evaluating": 0}}  # (6: batch_phases, from the config; _upgraded)
+             5: {"changes": [], "evaluating": 0}}  # (6: batch_phases, from the config; 7: _upgraded)
 # What a resume compares: the keys that define what is trained. Of those, the ones that cannot
 # change on resume at all (the checkpoint's tensors, data position and RNG would not fit them).
 RECORDED = keys_with_role("experiment") | keys_with_role("optimizer") | keys_with_role("lr") | keys_with_role("seed")
@@ -63,6 +44,9 @@ def _upgraded(state: dict, version: int) -> dict:
     if version < 6:  # one batch throughout (version 6 records the batch schedule's phases)
         state = {**state, "batch_phases": [[0, 0, state["config"]["batch_size"]]] if "batch_size" in state["config"]
                  else []}
+    if version < 7:  # a pending evaluation was recorded by its step, which is the checkpoint's own
+        state = dict(state)
+        state["evaluation_pending"] = bool(state.pop("evaluating"))
     if version < 5:  # version 5 keeps the state of every part of the run in ``parts``
         noise_scale = state.pop("noise_scale", {})
         state = {**state, "parts": {"noise_scale": noise_scale} if noise_scale else {}}
@@ -99,7 +83,7 @@ class Checkpoint:
     changes: list = field(default_factory=list)  # settings changed on resume: {"step", "key", "from", "to"}, in order
     # [[step, tokens, batch], ...]: where each batch of the run's schedule begins (training/batch_schedule.py)
     batch_phases: list = field(default_factory=list)
-    evaluating: int = 0  # the step whose evaluation a stop interrupted (run first on resume); 0: none
+    evaluation_pending: bool = False  # a stop interrupted this step's evaluation: a resume runs it first
     # "inline": model and optimizer above; "dcp": their tensors in the DCP files of the checkpoint's
     # folder, ``model`` {} and ``optimizer`` {"param_groups": ...} (keyed by parameter names)
     tensors: str = "inline"
@@ -122,7 +106,7 @@ class Checkpoint:
     @classmethod
     def load(cls, path, map_location="cpu") -> Checkpoint:
         """The checkpoint at ``path`` (a file, or a sharded checkpoint's folder: its tensors stay
-        in the DCP files until ``sharded_checkpoint.load_sharded_state``); a clear error if it is
+        in the DCP files until ``sharded.load_sharded_state``); a clear error if it is
         missing, unreadable, of another version or lacks a field."""
         path = Path(path)
         file = path / SHARDED_CHECKPOINT if path.is_dir() else path
@@ -208,61 +192,3 @@ def _tensors(value):
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
-
-
-def numbered(run_dir: Path) -> list[Path]:
-    """The run folder's checkpoints (files and sharded folders), oldest first."""
-    found = [p for p in Path(run_dir).iterdir() if NUMBERED.fullmatch(p.name)] if Path(run_dir).is_dir() else []
-    return sorted(found, key=lambda p: int(NUMBERED.fullmatch(p.name).group(1)))
-
-
-def save_in(run_dir: Path, checkpoint: Checkpoint) -> Path:
-    """Write ``checkpoint`` as run_dir/ckpt_<step>.pt and point ckpt.pt at it."""
-    path = run_dir / f"ckpt_{checkpoint.step:08d}.pt"
-    checkpoint.save(path)
-    make_latest(run_dir, path)
-    return path
-
-
-def make_latest(run_dir: Path, path: Path) -> None:
-    """Point ckpt.pt at the complete checkpoint ``path``."""
-    link = run_dir / f".{CHECKPOINT_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    os.symlink(path.name, link)
-    os.replace(link, run_dir / CHECKPOINT_NAME)  # written last: it only ever names a complete checkpoint
-
-
-def prune(run_dir: Path, keep: int, permanent_interval: int = 0) -> None:
-    """Remove all but the newest ``keep`` numbered checkpoints (and every ``permanent_interval``-th);
-    after a save, so ckpt.pt names the newest, which stays."""
-    for old in numbered(run_dir)[:-keep]:
-        step = int(NUMBERED.fullmatch(old.name).group(1))
-        if not (permanent_interval and step % permanent_interval == 0):
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-
-def load_latest(run_dir: Path, fall_back: bool, map_location="cpu") -> tuple[Checkpoint, Path]:
-    """The newest checkpoint of a run folder and its file. With ``fall_back`` a newest one that
-    cannot be read (truncated, corrupt) is skipped with a warning for the one before it."""
-    latest = run_dir / CHECKPOINT_NAME
-    candidates = [latest.resolve()] if latest.exists() else []
-    candidates += [p for p in reversed(numbered(run_dir)) if p not in candidates]
-    if not candidates and latest.is_symlink():
-        raise FileNotFoundError(f"{latest} is a link to {os.readlink(latest)}, which does not exist, and {run_dir} "
-                                f"holds no other checkpoint: the run cannot resume; put the checkpoint back, or "
-                                f"start the run again with --overwrite")
-    if not candidates:
-        raise FileNotFoundError(f"no checkpoint in {run_dir}")
-    if latest.is_symlink() and not latest.exists():  # the newest was deleted
-        missing = run_dir / os.readlink(latest)
-        if not fall_back:
-            raise FileNotFoundError(f"the newest checkpoint {missing} ({CHECKPOINT_NAME} points at it) is missing: "
-                                    f"resume the one before it, {candidates[0].name}, with --resume=auto")
-        warnings.warn(f"the newest checkpoint {missing} ({CHECKPOINT_NAME} points at it) is missing; resuming the "
-                      f"one before it, {candidates[0].name}")
-    for i, path in enumerate(candidates):
-        try:
-            return Checkpoint.load(path, map_location=map_location), path
-        except ValueError as error:
-            if not fall_back or i == len(candidates) - 1:
-                raise
-            warnings.warn(f"skipping the checkpoint {path}: {error}; trying {candidates[i + 1].name}")

@@ -1,5 +1,5 @@
 """The sharded checkpoint layout (``ckpt_<step>.dcp/``, FSDP2), written and read with
-``torch.distributed.checkpoint`` (DCP); training/checkpoint.py has the format and the run folder.
+``torch.distributed.checkpoint`` (DCP); format.py has the format, files.py the run folder.
 
 Every rank writes its shards of the model and of the optimizer state; rank 0 adds the
 ``Checkpoint`` as ``checkpoint.pt`` with the optimizer's param groups (``tensors="dcp"``). DCP
@@ -9,7 +9,7 @@ metadata is read by an unpickler that builds nothing but DCP's own metadata clas
 
 A module of its own because importing DCP (and the DTensor it brings) costs every process half a
 second of start-up: only the runs and tools that meet a sharded checkpoint import it (through
-training/parallel.py, which tells the layouts apart; training/checkpoint.py never imports it).
+``ShardedWriter`` and ``load_tensors``, which tell the layouts apart; nothing else imports it).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_state_dict)
 
 from atomic import publish
-from training.checkpoint import SHARDED_CHECKPOINT, Checkpoint, make_latest
+from training.checkpoint.files import make_latest
+from training.checkpoint.format import SHARDED_CHECKPOINT, Checkpoint
 
 
 def save_sharded_in(run_dir: Path, checkpoint: Checkpoint | None, model: torch.nn.Module,
