@@ -67,12 +67,13 @@ from pathlib import Path
 
 from atomic import atomic_write
 from configs import ConfigError
-from scripts.mini_study import BASE, BLOCK, DATA, ROOT, TOKENS, schedule
 from study import cbs, sweep
+from study.mini_study import BASE, BLOCK, DATA, TOKENS, schedule
 from study.plot import CBS_FIGURES, draw_all
 from study.report import report
 from study.runs import Study, find_runs, is_branch, pack_runs
 
+ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ("adamw", "lamb", "merit", "muon")
 RAMPED = ("adamw", "merit")
 BATCH = 8  # the base batch, below the critical batch in the mini-study (B_simple 700-2,200 tokens: 11-34 sequences)

@@ -72,34 +72,19 @@ from typing import NamedTuple
 
 from atomic import atomic_write
 from study import sweep
+from study.mini_study import (BASE, BLOCK, DATA, LR_FACTOR, OPTIMIZERS, REFERENCE_BATCH, TOKENS, lr_grid, round_lr,
+                              schedule)
 from study.plot import draw_all
 from study.report import report
 from study.runs import Study, find_runs, pack_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = "cache/data/shakespeare-byte"
-BLOCK = 64
-TOKENS = 1_048_576  # 16 x 65,536: every batch below divides it
-BASE = {
-    "data_dir": DATA, "tokenizer": "byte",
-    "model": "nano", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": BLOCK, "dropout": 0.0,
-    "lr_schedule": "cosine", "grad_clip": 1.0,
-    "val_tokens": 16_384, "heldout_tokens": 32_768, "probe_batch_size": 8, "sample_tokens": 0,
-}
 BATCHES = (8, 32, 128, 512)  # global batches in sequences of BLOCK tokens
-REFERENCE_BATCH = 128
-OPTIMIZERS = {  # name: (config changes, grid centre at REFERENCE_BATCH, its exponent in the batch)
-    "adamw": ({"optimizer": "adamw"}, 3e-3, 0.0),
-    "lamb": ({"optimizer": "lamb"}, 3e-2, 0.25),
-    "merit": ({"optimizer": "merit"}, 3e-2, 0.5),
-    "muon": ({"optimizer": "muon"}, 2e-2, 0.5),
-}
 QK_CLIP_TAU = 10.0  # a small model's logits: 5 to 40 at good lrs, where Kimi K2's 100 would never act
 EXTRAS = {  # run at the largest batch only
     "muonclip": ({"optimizer": "muon", "qk_clip_tau": QK_CLIP_TAU}, 2e-2, 0.5),
     "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": QK_CLIP_TAU}, 3e-3, 0.0),
 }
-LR_FACTOR = 3.0
 BENCHMARK = {  # the 2025 benchmark's optimizers, their published settings (optim/published.py)
     "ademamix": ({"optimizer": "ademamix"}, 3e-3, 0.0),
     # MARS's lr on its matrices 3x its AdamW part's, which is AdamW's selected lr here, as in the benchmark.
@@ -182,26 +167,6 @@ PRESETS = {
 }
 
 
-def schedule(batch: int, tokens: int, block: int, micro_steps: int = 2) -> dict:
-    """What follows from the batch: ``micro_steps`` accumulation micro-steps (two, so that the
-    gradient noise scale is measured; the small_batch preset's one: a batch of one sequence cannot
-    be split, and accumulation is what it is compared against, so it measures no noise scale), a
-    warmup of 5% of the steps (at least 5), 8 evaluations and 16 log steps."""
-    steps = tokens // (batch * block)
-    return {"max_tokens": tokens, "batch_size": batch, "micro_batch_size": batch // micro_steps,
-            "warmup_steps": max(5, round(0.05 * steps)), "eval_interval": max(1, steps // 8),
-            "log_interval": max(1, steps // 16)}
-
-
-def lr_grid(centre: float, exponent: float, batch: int) -> list[float]:
-    lr = centre * (batch / REFERENCE_BATCH) ** exponent
-    return [_round(lr / LR_FACTOR), _round(lr), _round(lr * LR_FACTOR)]
-
-
-def _round(lr: float) -> float:
-    return float(f"{lr:.3g}")
-
-
 class Studied:
     """One optimizer at one batch: its sweep folder and the points run so far."""
 
@@ -241,8 +206,8 @@ class Studied:
         if len(grid) >= 3 + extend:
             return []
         if selection is None or selection.lr == grid[0]:
-            return self.add([_round(grid[0] / LR_FACTOR)], [0])
-        return self.add([_round(grid[-1] * LR_FACTOR)], [0]) if selection.lr == grid[-1] else []
+            return self.add([round_lr(grid[0] / LR_FACTOR)], [0])
+        return self.add([round_lr(grid[-1] * LR_FACTOR)], [0]) if selection.lr == grid[-1] else []
 
     def seed(self, seeds: list[int]) -> list[sweep.Point]:
         """``seeds`` at the best lr, where it lacks some of them."""

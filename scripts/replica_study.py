@@ -46,7 +46,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from scripts.mini_study import BASE, BLOCK, DATA, OPTIMIZERS, lr_grid
+from study.mini_study import BASE, BLOCK, DATA, OPTIMIZERS, lr_grid
 from study.runs import Run, find_runs, pack_runs, paired, summary
 
 ROOT = Path(__file__).resolve().parents[1]
