@@ -8,7 +8,7 @@ a token costs at small batches; and apart, what subnormal floats cost a model th
     python -m scripts.bench_batch subnormal --checkpoint CKPT [--steps 40] [--rounds 10]
 
 Each (all three by default) on the config's model in this process (one rank), on random tokens of
-its tokenizer (scripts/bench_train's synthetic data); without ``--config``, schedule and branch take
+its tokenizer (study/bench.py's synthetic data); without ``--config``, schedule and branch take
 configs/default.py and small the mini-study's model and settings (``mini_study_shape``: 4 layers,
 4 heads, 64 dims, block 64, byte tokens), as overrides of configs/default.py:
 
@@ -31,7 +31,7 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
   optimizer step timed bare on the same tensors (the same model and optimizer, batches read
   beforehand), and against that plus the gradient clip the config asks for, every optimizer's
   three taking turns step by step (medians, of the steps and of a round's differences); and the
-  loop step's parts (scripts/bench_train's phase clock).
+  loop step's parts (study/bench.py's phase clock).
 
 And, only when named, with ``--checkpoint``:
 
@@ -57,21 +57,22 @@ from io import StringIO
 from pathlib import Path
 from typing import NamedTuple
 
-from scripts.bench_train import ROOT, breakdown, loop_step, synthetic_trainer, timed_ms
+import train
+from study.bench import DEFAULT_CONFIG, breakdown, loop_step, synthetic_trainer, timed_ms
+from study.mini_study import BASE
 
 MEASUREMENTS = ("schedule", "branch", "small", "subnormal")
 DEFAULT_MEASUREMENTS = MEASUREMENTS[:3]  # (subnormal needs a checkpoint)
-DEFAULT_CONFIG = ROOT / "configs" / "default.py"
-# What of the mini-study's base config (scripts/mini_study.BASE) the small-batch measurement trains with.
+# What of the mini-study's base config (study/mini_study.BASE) the small-batch measurement trains with.
 SHAPE_KEYS = ("tokenizer", "model", "n_layer", "n_head", "n_embd", "block_size", "dropout", "lr_schedule", "grad_clip")
 
 
 def schedule_ratio(config: Path, overrides: list[str], folder: Path, steps: int) -> tuple[float, float]:
     """(fixed batch ms per step, scheduled / fixed), ``steps`` ordinary steps each, interleaved."""
-    fixed = synthetic_trainer(config, overrides, folder, run_name="fixed")
+    fixed = synthetic_trainer(config, overrides, folder, run_name="fixed", trainer_class=train.Trainer)
     batch = fixed.config.batch_size
     scheduled = synthetic_trainer(config, [*overrides, f"--batch_schedule=[(0, {batch}), ({10 ** 15}, {2 * batch})]"],
-                                  folder, run_name="scheduled")
+                                  folder, run_name="scheduled", trainer_class=train.Trainer)
     try:
         for trainer in (fixed, scheduled):
             loop_step(trainer)  # warm-up
@@ -94,7 +95,6 @@ def quietly(fn):
 def branch_ratio(config: Path, overrides: list[str], folder: Path, steps: int) -> tuple[float, float]:
     """(from-scratch seconds, branch / from scratch) for ``steps // 2`` steps each, on the tokens
     synthetic_trainer wrote under ``folder``."""
-    import train
     from configs import load_config
     from study import cbs
 
@@ -128,9 +128,8 @@ def train_tokens(run: Path) -> int:
 
 
 def mini_study_shape() -> list[str]:
-    """The mini-study's model and training settings (``SHAPE_KEYS`` of scripts/mini_study.BASE) as
+    """The mini-study's model and training settings (``SHAPE_KEYS`` of study/mini_study.BASE) as
     overrides: not its data (random tokens here) nor its evaluation sizes."""
-    from scripts.mini_study import BASE
     return [f"--{key}={BASE[key]}" for key in SHAPE_KEYS]
 
 
@@ -160,7 +159,8 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
         for i, s in enumerate(settings):
             trainers[s] = synthetic_trainer(config, [*overrides, f"--optimizer={s.optimizer}", "--optimizer_options={}",
                                                      f"--batch_size={s.batch}", f"--micro_batch_size={s.micro}",
-                                                     f"--max_steps={10 ** 9}"], folder, run_name=f"small{i}")
+                                                     f"--max_steps={10 ** 9}"], folder, run_name=f"small{i}",
+                                            trainer_class=train.Trainer)
         block = trainers[settings[0]].model_config.block_size
         for trainer in trainers.values():
             loop_step(trainer)  # warm-up
@@ -176,7 +176,7 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
         smallest = {name: trainers[Setting(name, min(batches), min(batches))] for name in optimizers}
         overhead = loop_overhead(smallest, 20 * rounds)
         for name, trainer in smallest.items():
-            overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds)[0])
+            overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds, train.PHASES)[0])
         described = [describe(trainer) for trainer in smallest.values()]
     finally:
         for trainer in trainers.values():

@@ -97,7 +97,7 @@ def time_loader_and_step(data_dir: Path, steps: int) -> None:
     from configs import load_config
     from data.loader import TokenLoader
     from model import GPT
-    from scripts.bench_train import median_ms
+    from study.bench import median_ms
     from training.run_config import resolve_config
 
     run = resolve_config(load_config(ROOT / "configs" / "default.py"))

@@ -55,11 +55,12 @@ def activation(rows: int, width: int, rounds: int) -> dict[str, dict[str, float]
 
 
 def training_step(rounds: int, steps: int) -> dict[str, float]:
-    from scripts.bench_train import loop_step, synthetic_trainer
+    from study.bench import loop_step, synthetic_trainer
+    from train import Trainer
 
     overrides = ["--optimizer='adamw'", "--wandb_mode='disabled'"]
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = synthetic_trainer(ROOT / "configs" / "default.py", overrides, Path(tmp))
+        trainer = synthetic_trainer(ROOT / "configs" / "default.py", overrides, Path(tmp), trainer_class=Trainer)
         try:
             mlps = [block.mlp for block in trainer.model.transformer.h]
             kernel_gelu = mlps[0].gelu

@@ -100,7 +100,8 @@ def profile_iterations(args) -> None:
     import torch
     from torch.profiler import profile
 
-    from scripts.bench_train import loop_step, synthetic_trainer
+    from study.bench import loop_step, synthetic_trainer
+    from train import Trainer
 
     settings, _, n_tokens, meta_vocab = SHAPES[args.shape]
     spec = importlib.util.spec_from_file_location("nanogpt_model", args.nanogpt / "model.py")
@@ -109,7 +110,7 @@ def profile_iterations(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         command = our_command(args, Path(tmp), Path(tmp))
         overrides = [item for item in command[2:] if not item.startswith(("--data_dir=", "--out_dir=", "--run_name="))]
-        trainer = synthetic_trainer(ROOT / "configs" / "default.py", overrides, Path(tmp))
+        trainer = synthetic_trainer(ROOT / "configs" / "default.py", overrides, Path(tmp), trainer_class=Trainer)
         try:
             vocab = meta_vocab or trainer.model_config.vocab_size
             config = nanogpt.GPTConfig(**settings, vocab_size=vocab, bias=False, dropout=0.0)

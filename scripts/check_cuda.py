@@ -125,7 +125,7 @@ def check_optimizers(device: torch.device, quick: bool) -> None:
 
 
 def check_speed(device: torch.device) -> None:
-    from scripts import bench_optim
+    from study import bench_optim
 
     for dtype in (torch.float32, torch.bfloat16):
         for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon", "dmuon", "ademamix", "mars", "soap",
@@ -139,25 +139,27 @@ def check_speed(device: torch.device) -> None:
                 "state_per_parameter_byte": state}
 
 
-# GPT-2 Small as bench_train's overrides of configs/default.py.
+# GPT-2 Small as bench_train's overrides (KEY=VALUE) of configs/default.py.
 GPT2_SMALL = ["model=gpt2", "block_size=1024", "tokenizer=gpt2", "batch_size=16", "micro_batch_size=16",
               "dtype=bfloat16", "device=cuda", "probe_batch_size=4"]
 
 
 def check_train(device: torch.device) -> None:
-    from scripts import bench_instruments, bench_train
+    from study.bench import DEFAULT_CONFIG, instrument_costs, step_costs
+    from train import PHASES, Trainer
 
     runs = {"eager": (False, ["adamw", "merit", "lamb", "lion", "sophiag", "muon"]),
             "compiled": (True, ["adamw", "merit", "muon"])}
     for label, (compiled, names) in runs.items():
-        measured = bench_train.main([*(f"--set={s}" for s in GPT2_SMALL), f"--set=compile={compiled}", "--steps=10",
-                                     "--compare", *names])
+        # (bench_train's command line: --steps=10 --compare NAMES, its warmup 3 and parts by default)
+        measured = step_costs(DEFAULT_CONFIG, [*GPT2_SMALL, f"compile={compiled}"], steps=10, warmup=3, parts=True,
+                              compare=names, trainer_class=Trainer, phases=PHASES)
         results[f"train GPT-2 Small bf16 {label}"] = measured
         ratios = ", ".join(f"{name} {measured['compare'][name]['ratio']:.3f}x" for name in names[1:])
         report(f"train GPT-2 Small bf16 {label}", math.isfinite(measured["tokens_per_s"]),
                f"{measured['tokens_per_s']:,.0f} tokens/s, {measured['flops'] / 1e12:.0f} TFLOP/s; against "
                f"AdamW: {ratios}")
-    overhead = bench_instruments.main([*(f"--set={s}" for s in GPT2_SMALL), "--steps=10"])
+    overhead = instrument_costs(DEFAULT_CONFIG, GPT2_SMALL, steps=10, trainer_class=Trainer)
     results["instruments GPT-2 Small bf16"] = overhead
     report("QK-Clip overhead GPT-2 Small bf16", math.isfinite(overhead["qk_clip_ratio"]),
            f"{100 * (overhead['qk_clip_ratio'] - 1):+.1f}% a step")
