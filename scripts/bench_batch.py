@@ -31,7 +31,7 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
   optimizer step timed bare on the same tensors (the same model and optimizer, batches read
   beforehand), and against that plus the gradient clip the config asks for, every optimizer's
   three taking turns step by step (medians, of the steps and of a round's differences); and the
-  loop step's parts (study/bench.py's phase clock).
+  loop step's parts (study/bench.py's section clock).
 
 And, only when named, with ``--checkpoint``:
 
@@ -176,7 +176,7 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
         smallest = {name: trainers[Setting(name, min(batches), min(batches))] for name in optimizers}
         overhead = loop_overhead(smallest, 20 * rounds)
         for name, trainer in smallest.items():
-            overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds, train.PHASES)[0])
+            overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds, train.SECTIONS)[0])
         described = [describe(trainer) for trainer in smallest.values()]
     finally:
         for trainer in trainers.values():

@@ -14,7 +14,7 @@ a temporary folder (no data needed), and prints:
 * the achieved training FLOP/s (``GPT.flops_per_token`` x tokens/s: nanoGPT's and PaLM's count,
   attention included) against a measured large matmul in the compute dtype, the limit a step
   made of matmuls approaches (on a GPU also against the nominal bf16 peak: train.py's MFU);
-* one ordinary step's parts (``train.PHASES``: a clock in ``Trainer.phase`` that waits for the
+* one ordinary step's parts (``train.SECTIONS``: a clock in ``Trainer.section`` that waits for the
   device at each boundary), each in ms and as a share of the step so timed; "other" is the rest
   (the lr schedule, the loss sum, Python);
 * the instruments of a log step amortised over ``log_interval`` (their parts:
@@ -37,7 +37,7 @@ import json
 from pathlib import Path
 
 from study.bench import DEFAULT_CONFIG, step_costs
-from train import PHASES, Trainer
+from train import SECTIONS, Trainer
 
 
 def models(specs: list[str]) -> dict[str, list[str]]:
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     results = step_costs(args.config, args.set, args.steps, args.warmup, args.parts, compare=args.compare,
-                         models=models(args.models) if args.models else None, trainer_class=Trainer, phases=PHASES)
+                         models=models(args.models) if args.models else None, trainer_class=Trainer, sections=SECTIONS)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return results

@@ -146,14 +146,14 @@ GPT2_SMALL = ["model=gpt2", "block_size=1024", "tokenizer=gpt2", "batch_size=16"
 
 def check_train(device: torch.device) -> None:
     from study.bench import DEFAULT_CONFIG, instrument_costs, step_costs
-    from train import PHASES, Trainer
+    from train import SECTIONS, Trainer
 
     runs = {"eager": (False, ["adamw", "merit", "lamb", "lion", "sophiag", "muon"]),
             "compiled": (True, ["adamw", "merit", "muon"])}
     for label, (compiled, names) in runs.items():
         # (bench_train's command line: --steps=10 --compare NAMES, its warmup 3 and parts by default)
         measured = step_costs(DEFAULT_CONFIG, [*GPT2_SMALL, f"compile={compiled}"], steps=10, warmup=3, parts=True,
-                              compare=names, trainer_class=Trainer, phases=PHASES)
+                              compare=names, trainer_class=Trainer, sections=SECTIONS)
         results[f"train GPT-2 Small bf16 {label}"] = measured
         ratios = ", ".join(f"{name} {measured['compare'][name]['ratio']:.3f}x" for name in names[1:])
         report(f"train GPT-2 Small bf16 {label}", math.isfinite(measured["tokens_per_s"]),

@@ -6,13 +6,13 @@ the GPU checks (scripts/check_cuda.py) share.
 * a trainer of a config on 2M random tokens of its tokenizer written to a folder
   (``synthetic_trainer``: no data needed), an ordinary iteration of its loop (``loop_step``), its
   ``train_step`` alone (``ordinary_step``), a log step's instruments (``log_step_ms``) and one
-  step's parts by a clock in ``Trainer.phase`` (``breakdown``);
+  step's parts by a clock in ``Trainer.section`` (``breakdown``);
 * two whole measurements: scripts/bench_train's (``step_costs``: tokens/s, FLOP/s, the parts, the
   optimizers or models against each other) and scripts/bench_instruments' (``instrument_costs``),
   which scripts/check_cuda.py runs on GPT-2 Small too.
 
 train.py sits above this library (tests/test_layers.py): the script that builds a trainer hands in
-``train.Trainer`` (``trainer_class``) and, for the parts, ``train.PHASES`` (``phases``).
+``train.Trainer`` (``trainer_class``) and, for the parts, ``train.SECTIONS`` (``sections``).
 """
 from __future__ import annotations
 
@@ -115,8 +115,8 @@ def log_step_ms(trainer, repeats: int) -> tuple[float, float, float]:
             median_ms(lambda: probe.measure(Step(trainer.step, log=True)), repeats, trainer.device))
 
 
-class PhaseClock:
-    """``Trainer.phase``'s stand-in: the wall time of each part, the device waited for at both ends.
+class SectionClock:
+    """``Trainer.section``'s stand-in: the wall time of each part, the device waited for at both ends.
     A part inside another (the forward of Sophia-G's extra pass) counts as the outer one's."""
 
     def __init__(self, device: torch.device):
@@ -137,16 +137,16 @@ class PhaseClock:
             self.ms[name] += 1e3 * (time.perf_counter() - start)
 
 
-def breakdown(trainer, steps: int, phases: tuple[str, ...]) -> tuple[dict[str, float], float]:
-    """({phase: ms per step}, the whole step's ms) over ``steps`` ordinary steps timed by parts,
-    in the order of ``phases`` (train.PHASES)."""
-    clock, saved = PhaseClock(trainer.device), trainer.phase
-    trainer.phase = clock
+def breakdown(trainer, steps: int, sections: tuple[str, ...]) -> tuple[dict[str, float], float]:
+    """({section: ms per step}, the whole step's ms) over ``steps`` ordinary steps timed by parts,
+    in the order of ``sections`` (train.SECTIONS)."""
+    clock, saved = SectionClock(trainer.device), trainer.section
+    trainer.section = clock
     try:
         total = sum(timed_ms(lambda: loop_step(trainer), trainer.device) for _ in range(steps)) / steps
     finally:
-        trainer.phase = saved
-    parts = {name: clock.ms[name] / steps for name in phases if name in clock.ms}
+        trainer.section = saved
+    parts = {name: clock.ms[name] / steps for name in sections if name in clock.ms}
     parts["other"] = max(0.0, total - sum(parts.values()))
     return parts, total
 
@@ -156,13 +156,13 @@ def describe(trainer) -> str:
     config, m, model = trainer.config, trainer.model_config, trainer.model
     return (f"model {config.model}: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} dims, block {m.block_size}, "
             f"vocab {m.vocab_size} ({model.num_params() / 1e6:.2f}M parameters); batch {config.batch_size} = micro "
-            f"{config.micro_batch_size} x {trainer.batches.accumulation}; {trainer.dtype} on {trainer.device} "
+            f"{config.micro_batch_size} x {trainer.schedule.accumulation}; {trainer.dtype} on {trainer.device} "
             f"({torch.get_num_threads()} threads); optimizer {config.optimizer}, compile {config.compile}")
 
 
 def throughput(trainer, step_ms: float, peak: float) -> tuple[float, float, str]:
     """(tokens/s, training FLOP/s by the model's flops_per_token, both in words) of steps of step_ms."""
-    tokens_per_s = trainer.batches.schedule.tokens_per_step(trainer.step) / (step_ms / 1e3)
+    tokens_per_s = trainer.schedule.batch_schedule.tokens_per_step(trainer.step) / (step_ms / 1e3)
     flops = trainer.model.flops_per_token() * tokens_per_s
     nominal = trainer.parts.find(Speed).peak_flops
     words = (f"{tokens_per_s:,.0f} tokens/s; {flops / 1e9:.1f} GFLOP/s = {100 * flops / peak:.1f}% of a "
@@ -189,7 +189,7 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> 
 
 def step_costs(config_path: Path, settings: list[str], steps: int, warmup: int, parts: bool,
                compare: list[str] | None = None, models: dict[str, list[str]] | None = None, *,
-               trainer_class, phases: tuple[str, ...]) -> dict:
+               trainer_class, sections: tuple[str, ...]) -> dict:
     """scripts/bench_train's measurement (its docstring), printed and returned: the config with
     ``settings`` (KEY=VALUE, train.py's overrides without their dashes), ``steps`` timed steps after
     ``warmup``, the parts and the instruments if ``parts``; with ``compare`` (optimizer names) or
@@ -220,7 +220,7 @@ def step_costs(config_path: Path, settings: list[str], steps: int, warmup: int, 
                 for name, trainer in trainers.items():
                     step_ms[name].append(timed_ms(lambda: loop_step(trainer), device))
             if parts:
-                parted = {name: breakdown(trainer, steps, phases) for name, trainer in trainers.items()}
+                parted = {name: breakdown(trainer, steps, sections) for name, trainer in trainers.items()}
                 ordinary_ms, measured_ms, probe_ms = log_step_ms(first, max(3, steps // 4))
             peak = matmul_flops(device, first.dtype)
         finally:

@@ -1,4 +1,4 @@
-"""scripts/bench_train.py on a tiny model: the step's parts are the loop's own (train.PHASES, each
+"""scripts/bench_train.py on a tiny model: the step's parts are the loop's own (train.SECTIONS, each
 timed), they add up to no more than the step they were timed in, tokens/s counts the global batch,
 and the numbers it prints are the ones it writes. Speed itself is never asserted."""
 import json
@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from helpers import ROOT, TINY
-from train import PHASES
+from train import SECTIONS
 
 # The tiny run as the script's --set key=value, with accumulation 2 and Sophia-G with QK-Clip: every
-# phase of the loop runs.
+# section of the loop runs.
 SETTINGS = [f"{key}={value}" for key, value in TINY.items()] + [
     "batch_size=8", "micro_batch_size=4", "optimizer=sophiag", "qk_clip_tau=50", "log_interval=5"]
 
@@ -48,9 +48,9 @@ def assert_compared_as_printed(stdout: str, measured: dict, names: list[str]) ->
 def test_bench_train_times_the_loop_s_parts_and_compares_optimizers(tmp_path):
     stdout, measured = bench_train(tmp_path, "--steps=10", "--warmup=1", "--compare", "sophiag", "adamw", "muon")
     parts = measured["parts_ms"]
-    # Sophia-G's extra pass runs every 10 steps and QK-Clip on every one: every phase of an
+    # Sophia-G's extra pass runs every 10 steps and QK-Clip on every one: every section of an
     # ordinary iteration of the loop was entered and took time.
-    assert set(parts) == {*PHASES, "other"} - {"instruments"}
+    assert set(parts) == {*SECTIONS, "other"} - {"instruments"}
     assert all(ms > 0 for name, ms in parts.items() if name != "other")
     assert sum(ms for name, ms in parts.items() if name != "other") <= measured["parts_step_ms"]
     # Printed as written (to 0.01 ms), the shares of the parted step (0.1% each) adding up to all of it.
