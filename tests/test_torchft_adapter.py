@@ -14,9 +14,11 @@ def test_the_installed_torchft_has_every_name_the_adapter_reaches():
 
 
 def test_a_name_torchft_lacks_is_named_with_what_it_served(monkeypatch):
-    monkeypatch.setitem(ft.UNPUBLISHED, "DiLoCo._meeting_weights", "the weights of a meeting")
-    monkeypatch.setitem(ft.UNPUBLISHED, "ManagerClient._no_such_call", "a call")
-    monkeypatch.setitem(ft.UNPUBLISHED, "Manager.__init__ sets self._no_such_field", "a field")
-    assert ft.missing_internals() == ["DiLoCo._meeting_weights (the weights of a meeting)",
-                                      "ManagerClient._no_such_call (a call)",
-                                      "Manager.__init__ sets self._no_such_field (a field)"]
+    monkeypatch.setattr(ft, "UNPUBLISHED", (*ft.UNPUBLISHED, ("DiLoCo", "self._meeting_weights", "the weights"),
+                                            ("ManagerClient", "_no_such_call", "a call"),
+                                            ("Manager.__init__", "self._no_such_field", "a field"),
+                                            ("NoSuchClass", "self.anything", "a class")))
+    assert ft.missing_internals() == ["DiLoCo: self._meeting_weights (the weights)",
+                                      "ManagerClient: _no_such_call (a call)",
+                                      "Manager.__init__: self._no_such_field (a field)",
+                                      "NoSuchClass: self.anything (a class)"]

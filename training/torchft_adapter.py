@@ -14,13 +14,15 @@ imported only by runs that have replica groups.
 torchft publishes no API for some of what this needs (the manager's client, the number of steps
 since a meeting, DiLoCo's outer optimizer and last meeting's weights): those names are reached
 here only, listed in ``UNPUBLISHED``, and ``missing_internals`` says which a torchft release lacks
-(tests/test_replica_checks.py runs it), so the pin in requirements-ft.txt can move with confidence.
+(tests/test_torchft_adapter.py runs it), so the pin in requirements-ft.txt can move with confidence.
 """
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
+import re
 import socket
 import time
 from datetime import timedelta
@@ -203,40 +205,33 @@ class LocalRounds:
         return self.rounds._fragments[0] if isinstance(self.rounds, local_sgd.DiLoCo) else None
 
 
-# What this module reaches in torchft that torchft does not publish, by where it is.
-UNPUBLISHED = {
-    "Manager.__init__ sets self._client": "the manager server's client (_QuorumIds renumbers its quorums)",
-    "Manager.__init__ sets self._quorum_timeout": "the quorum's timeout (LighthouseLost says how long it waited)",
-    "ManagerClient._quorum": "the quorum call that _QuorumIds wraps",
-    "LocalSGD._local_step": "the steps since the last meeting (a resumed run's)",
-    "DiLoCo._local_step": "the steps since the last meeting (a resumed run's)",
-    "DiLoCo._fragments": "DiLoCo's fragments (one: the whole model)",
-    "_StreamingDiLoCoFragment._outer_optimizer": "the outer SGD with its momentum (checkpointed)",
-    "_StreamingDiLoCoFragment.original_parameters": "the weights of the last meeting (checkpointed)",
-}
+# What this module reaches in torchft that torchft does not publish: (where, the name, what it serves here).
+UNPUBLISHED = (
+    ("Manager.__init__", "self._client", "the manager server's client (_QuorumIds renumbers its quorums)"),
+    ("Manager.__init__", "self._quorum_timeout", "the quorum's timeout (LighthouseLost says how long it waited)"),
+    ("ManagerClient", "_quorum", "the quorum call that _QuorumIds wraps"),
+    ("LocalSGD", "self._local_step", "the steps since the last meeting (a resumed run's)"),
+    ("DiLoCo", "self._local_step", "the steps since the last meeting (a resumed run's)"),
+    ("DiLoCo", "self._fragments", "DiLoCo's fragments (one: the whole model)"),
+    ("_StreamingDiLoCoFragment", "self._outer_optimizer", "the outer SGD with its momentum (checkpointed)"),
+    ("_StreamingDiLoCoFragment", "self.original_parameters", "the weights of the last meeting (checkpointed)"),
+)
 
 
 def missing_internals() -> list[str]:
-    """The entries of ``UNPUBLISHED`` that the installed torchft lacks: its sources are read, since
-    the attributes are set in constructors that need a lighthouse (the manager) to run."""
-    import inspect
-
+    """The entries of ``UNPUBLISHED`` the installed torchft lacks, each as "where.name (what it
+    serves)". An attribute is looked for where its class's source assigns it (the constructors
+    need a lighthouse to run); the client's method on its class."""
     from torchft._torchft import ManagerClient
-    sources = {"Manager.__init__": inspect.getsource(torchft.Manager.__init__),
-               "LocalSGD": inspect.getsource(local_sgd.LocalSGD),
-               "DiLoCo": inspect.getsource(local_sgd.DiLoCo),
-               "_StreamingDiLoCoFragment": inspect.getsource(getattr(local_sgd, "_StreamingDiLoCoFragment", object))}
+    classes = {"Manager.__init__": torchft.Manager.__init__, "LocalSGD": local_sgd.LocalSGD, "DiLoCo": local_sgd.DiLoCo,
+               "_StreamingDiLoCoFragment": getattr(local_sgd, "_StreamingDiLoCoFragment", None)}
     missing = []
-    for entry in UNPUBLISHED:
-        where, _, name = entry.partition(" sets ")
-        if name:  # an attribute a constructor sets
-            found = f"{name} =" in sources[where] or f"{name}:" in sources[where]
+    for where, name, serves in UNPUBLISHED:
+        if where == "ManagerClient":
+            found = hasattr(ManagerClient, name)
         else:
-            owner, _, attribute = entry.rpartition(".")
-            if owner == "ManagerClient":
-                found = hasattr(ManagerClient, attribute)
-            else:
-                found = f"self.{attribute} =" in sources[owner] or f"self.{attribute}:" in sources[owner]
+            found = classes.get(where) is not None and re.search(rf"{re.escape(name)}\s*(:[^=\n]*)?=",
+                                                                  inspect.getsource(classes[where])) is not None
         if not found:
-            missing.append(f"{entry} ({UNPUBLISHED[entry]})")
+            missing.append(f"{where}: {name} ({serves})")
     return missing
