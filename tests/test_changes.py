@@ -1,4 +1,4 @@
-"""A resumed run is the same run (training/checkpoint.py, Checkpoint.changes_on_resume): a setting
+"""A resumed run is the same run (training/checkpoint/format.py, Checkpoint.changes_on_resume): a setting
 that defines what is trained and differs from the checkpoint's is refused, every one named, unless
 the config names it in allow_changes; an allowed change applies for real from the resumed step
 (the weights equal a run that made the change by hand at that step) and is recorded in the

@@ -220,7 +220,7 @@ class StepSchedule:
         self.enter_phase(step)
 
     def resume(self, checkpoint) -> None:
-        """Train on from ``checkpoint`` (training/checkpoint.py): its phases up to its step are the
+        """Train on from ``checkpoint`` (training/checkpoint/format.py): its phases up to its step are the
         run's record, the rest the config's."""
         self.follow(BatchSchedule.of(self.config, self.block_size, BatchSchedule.recorded(checkpoint.batch_phases),
                                      checkpoint.step), checkpoint.step)

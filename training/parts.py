@@ -84,8 +84,8 @@ class Step:
 class Run(Protocol):
     """What a part may read of the run it takes part in, declared once: train.py's ``Trainer``
     provides every name (tests/test_parts.py holds both sides: the Trainer has each, and no part
-    reaches for another). A part writes none of them: its own state is its own, and what it tells
-    the loop goes through the ``Step`` it is handed. Set before the parts are built, but
+    reaches for another). A part reassigns none of them: its own state is its own, and what it
+    tells the loop goes through the ``Step`` it is handed. Set before the parts are built, but
     ``train_model``, ``signals`` and ``run_lock``, set before the loop starts. (Types by name: their
     modules import this one.)"""
 

@@ -5,7 +5,7 @@ same step are taken to hold the same model. Two checks make that true or say it 
 the groups of a quorum:
 
 * **The job's identity**, whenever a quorum's membership changes (a group joins or leaves), before
-  any state moves between the groups: the keys a resume compares (training/checkpoint.py's
+  any state moves between the groups: the keys a resume compares (training/checkpoint/format.py's
   ``RECORDED``: the model, the optimizer and its settings, the schedule, the batch, the seeds),
   with the data as its shards' ``data.shards.fingerprint`` in place of the folder's path (another
   cluster's copy lies elsewhere). The job's groups are those that committed a step (or a meeting)

@@ -3,7 +3,7 @@
 Each piece saves and loads itself (torchtitan's ``Stateful`` idea: ``state_dict`` /
 ``load_state_dict``): the loop's own (the GradScaler, the training loader's position, every rank's
 RNG states, the train-loss window since the last log step), each keyed by its ``Checkpoint``
-field (training/checkpoint.py), and the run's parts with state (training/parts.py: the gradient
+field (training/checkpoint/format.py), and the run's parts with state (training/parts.py: the gradient
 noise scale's EMAs, a config's extra parts), kept in the ``parts`` field by their names.
 ``RunState`` collects them with the step counter, the batch schedule, the model and the optimizer; the
 layout's checkpoint writer (training/checkpoint/writers.py) saves and loads it, and is the only code
