@@ -101,16 +101,21 @@ class ZeroRedundancy(TrainingHooks, ZeroRedundancyOptimizer):
         return self.optim.GROUP_STATE
 
     def eval(self) -> bool:
-        return self._moved(self.optim.eval())
+        return self._move(self.optim.eval)
 
     def train(self) -> bool:
-        return self._moved(self.optim.train())
+        return self._move(self.optim.train)
 
-    def _moved(self, moved: bool) -> bool:
-        """After this rank's optimizer moved the parameters whose state it keeps (Schedule-Free's z
-        is there only), every rank receives the others' from their owners, as after a step (exact:
-        each parameter is computed once); the whole groups learn where the parameters are. Every
-        rank agrees on ``moved``: it follows the groups' settings, the same on every rank."""
+    def _move(self, move) -> bool:
+        """This rank's optimizer moves the parameters whose state it keeps (Schedule-Free's z is
+        there only), then every rank receives the others' from their owners, as after a step
+        (exact: each parameter is computed once), and the exposed groups learn where the parameters
+        are. The exposed groups' settings reach this rank's optimizer first, as before a step: the
+        loop sets the step's lr there before it moves the weights back, and copying the groups back
+        after the move would otherwise restore the previous step's lr. Every rank agrees on the
+        move: it follows the groups' settings, the same on every rank."""
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        moved = move()
         if moved:
             self._sync_params()
             self._sync_param_groups(self.optim.param_groups, self.param_groups)
