@@ -60,6 +60,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--update", type=Path, metavar="FILE", help="refresh FILE's blocks of this report's tables")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.paths if not Path(path).exists()]
+    if missing:
+        sys.exit(f"report: {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not exist: give run folders "
+                 f"(each with config.json and metrics.jsonl), folders of them, or .tar.xz archives of them")
     runs = study_runs(args, "report")
     text = report(runs, args.target, args.select_on, args.report_on, branch_runs(args.paths), args.epsilon, args.ema,
                   small_batch=args.small_batch)
