@@ -9,7 +9,11 @@
 ``--grid KEY=V1,V2,...`` takes any config key (optimizer, batch_size, lr, seed, data_seed,
 optimizer_options, ...; values are Python literals, a bare word a string); the grid is their
 product (an lr axis brings min_lr along at the base config's ratio to lr). ``--set KEY=VALUE``
-changes the base for every point. A key is named once in all of them. Every point is checked when
+changes the base for every point. A key is named once in all of them. The invocation flags
+(--resume, --overwrite, --allow_changes, --stop_at_step: what one run of train.py does with its
+folder, not what it trains) are refused in both, the message saying how to pass one to a point's
+own run (``python train.py OUT_DIR/NAME/POINT/point.py --stop_at_step=N``): the sweep runs every
+point with --resume=auto, and a point file holding one would stop or restart its run at every rerun. Every point is checked when
 the plan is made (its values against the config schema, its batch against its micro-batches over
 the launch's ranks), before anything is written. Each point's config is written,
 fully resolved, to ``OUT_DIR/NAME/POINT/point.py`` (open and edit it; the run writes its
@@ -33,7 +37,10 @@ process runs train.py directly; or ``--jobs`` of them at once, for small CPU run
 skipped, an interrupted one resumes from its last checkpoint, a failed one is reported and the
 others go on. A sweep folder holds one sweep: run the same command again to go on; another plan
 into it is refused, naming the settings that differ, and new points join only with
-``--add-points``; a point's file is never rewritten.
+``--add-points``; a point's file is never rewritten. A point file edited by hand is refused the
+same way, the message naming the ways out (delete the file and rerun with --add-points: the sweep
+writes it again; or move the edit to a point of its own); ``--dry-run`` shows the plan with the
+point marked "edited".
 ``--launch slurm`` writes ``sweep.sbatch``, an array job (one task per point) running torchrun
 on ``--nodes`` nodes with a c10d rendezvous on the job's first node, requeued on preemption
 (SLURM signals the job ahead of its time limit; the ranks save at their next log step and the
@@ -76,13 +83,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out_dir).resolve() / args.name  # the runs start in the repository root
     try:
-        grid, fixed = grid_and_fixed(args.grid, args.set)
+        grid, fixed = grid_and_fixed(args.grid, args.set, str(out))
         betas = (tuple(key.strip() for key in args.scale_betas.split(","))
                  if args.beta_scaling == "half-life" else ())
         world_size = args.nodes * args.gpus_per_node if args.launch == "slurm" else args.nproc_per_node
         points = plan(args.config, grid, fixed, out, args.lr_scaling, args.warmup_scaling, args.base_batch, betas,
                       world_size)
-        check_written(points, out, args.add_points)
+        check_written(points, out, args.add_points, args.dry_run)
     except (ConfigError, ValueError) as error:
         sys.exit(f"sweep: {error}")
     print(f"sweep {args.name}: {len(points)} points in {out}")

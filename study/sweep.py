@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 import optim
 from atomic import atomic_write
-from configs import SCALINGS, ConfigError, TrainConfig, load_config
+from configs import INVOCATION_KEYS, SCALINGS, ConfigError, TrainConfig, load_config
 from eval.tasks import check_zero_shot
 from study.runs import read_records
 from training.batch_schedule import BatchSchedule, half_life_betas, run_lengths
@@ -44,6 +44,7 @@ class Point:
     config: TrainConfig   # resolved: what the run trains with
     grid: dict            # this point's grid values
     folder: Path
+    edited: str = ""      # how its written file differs from the plan (check_written on a dry run), "" if not
 
     @property
     def file(self) -> Path:
@@ -55,7 +56,10 @@ class Point:
     def status(self) -> str:
         """"finished" (its run is this point's, and its metrics hold the final validation loss),
         "at step N" (interrupted: it resumes from its checkpoint of step N), "new", or "another
-        run: ..." (the folder's run trained other settings, named)."""
+        run: ..." (the folder's run trained other settings, named); "edited: ..." before them where
+        its file differs from the plan (the keys named)."""
+        if self.edited:
+            return f"edited: {self.edited}"
         differing = self.differing_run()
         if differing:
             return f"another run: {differing}"
@@ -80,19 +84,28 @@ class Point:
         return "; ".join(differing)
 
 
-def check_written(points: list[Point], out: Path, add_points: bool) -> None:
+def check_written(points: list[Point], out: Path, add_points: bool, dry_run: bool = False) -> None:
     """Refuse a plan other than the one written in the sweep folder ``out``: a point whose file
-    says other settings (each key named), or, unless ``add_points``, points the folder does not
-    have beside those it has."""
+    says other settings (edited by hand, or another plan: the point and keys named, with the ways
+    out; on a ``dry_run`` the point is marked, its ``edited``, instead), or, unless ``add_points``,
+    points the folder does not have beside those it has."""
     for point in points:
         if point.file.is_file():
             written = load_config(str(point.file)).to_dict()
             mine = point.config.to_dict()
-            differing = [f"{key}: written {written[key]!r}, now {mine[key]!r}"
-                         for key in mine if written[key] != mine[key]]
-            if differing:
-                raise ConfigError(f"the sweep folder {out} holds point {point.name} with other settings ("
-                                  f"{'; '.join(differing)}): a sweep folder holds one sweep; choose another --name")
+            differing = "; ".join(f"{key}: written {written[key]!r}, now {mine[key]!r}"
+                                  for key in mine if written[key] != mine[key])
+            if differing and dry_run:
+                point.edited = differing
+            elif differing:
+                raise ConfigError(
+                    f"point {point.name}'s file {point.file} differs from this plan ({differing}): the sweep runs "
+                    f"what its command plans. If the file was edited by hand, either restore the point: delete "
+                    f"{point.file} and rerun this command with --add-points (the sweep writes it again from the "
+                    f"plan), or take the edit as a point of its own: move the file to {out}/NEW/point.py, set "
+                    f"run_name = 'NEW' in it, run it with python train.py {out}/NEW/point.py --resume=auto, and "
+                    f"restore this point as above. If this is another plan, a sweep folder holds one sweep: choose "
+                    f"another --name. (--dry-run shows the plan with the point marked.)")
     written = sorted(path.parent.name for path in out.glob("*/point.py"))
     new = [point.name for point in points if not point.file.is_file()]
     if written and new and not add_points:
@@ -130,11 +143,32 @@ def key_values(texts: list[str], flag: str) -> dict[str, str]:
     return given
 
 
-def grid_and_fixed(grid_texts: list[str], set_texts: list[str]) -> tuple[dict[str, list], list[str]]:
+# How to pass each invocation flag to a point's run instead of a sweep's --set or --grid (grid_and_fixed).
+INVOCATION_HINTS = {
+    "resume": "drop it; every point resumes already",
+    "overwrite": "to start a point over, run it alone with python train.py {folder}/POINT/point.py "
+                 "--resume=False --overwrite=True",
+    "allow_changes": "to resume a point with changed settings, run it alone with python train.py "
+                     "{folder}/POINT/point.py --resume=auto --allow_changes={value} and the changes",
+    "stop_at_step": "to stop a point early, run it alone with python train.py {folder}/POINT/point.py "
+                    "--resume=auto --stop_at_step={value} (the sweep, run again, resumes it to its end)",
+}
+
+
+def grid_and_fixed(grid_texts: list[str], set_texts: list[str],
+                   folder: str = "OUT_DIR/NAME") -> tuple[dict[str, list], list[str]]:
     """The grid of ``--grid KEY=V1,V2,...`` ({key: values}) and the overrides of ``--set KEY=VALUE``
-    (``--key=value``), each key named once in all of them."""
+    (``--key=value``), each key named once in all of them, none an invocation flag (INVOCATION_KEYS:
+    refused, saying how to pass it to a point's run in the sweep's ``folder``)."""
     grid = key_values(grid_texts, "--grid")
     fixed = key_values(set_texts, "--set")
+    for flag, given in (("--grid", grid), ("--set", fixed)):
+        for key in INVOCATION_KEYS:
+            if key in given:
+                raise ConfigError(f"{flag} {key}={given[key]}: {key} is an invocation flag (configs.INVOCATION_KEYS: "
+                                  f"what one run of train.py does with its run folder), not a setting of the points, "
+                                  f"which the sweep always runs with --resume=auto (a finished point skipped, an "
+                                  f"interrupted one resumed): {INVOCATION_HINTS[key].format(value=given[key], folder=folder)}")
     shared = sorted(grid.keys() & fixed.keys())
     if shared:
         key = shared[0]

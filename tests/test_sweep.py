@@ -135,8 +135,8 @@ def test_a_sweep_folder_holds_one_sweep_and_a_point_is_what_its_file_says(tmp_pa
     files = {path: path.read_bytes() for path in (tmp_path / "one").glob("*/point.py")}
     assert len(files) == 2
     other = sweep(base, *first, "--set", "max_steps=6", check=False)
-    assert other.returncode == 1 and "holds point lr0.003 with other settings (max_steps: written 4, now 6)" \
-        in other.stderr, other.stderr
+    assert other.returncode == 1 and "point lr0.003's file" in other.stderr and \
+        "differs from this plan (max_steps: written 4, now 6)" in other.stderr, other.stderr
     more = sweep(base, "--name=one", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01,0.03", check=False)
     assert more.returncode == 1 and "holds the points lr0.003, lr0.01; this plan adds lr0.03: pass --add-points" \
         in more.stderr, more.stderr
@@ -234,3 +234,44 @@ def test_grid_values_go_through_the_schema_when_the_plan_is_made(tmp_path, byte_
     [point] = plan(base, {"lr": [5e-4]}, [], tmp_path / "sweep", "none", "none", None)
     assert (point.config.lr, point.config.min_lr) == (5e-4, pytest.approx(5e-5, rel=1e-12))
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("flag, hint", [
+    ("overwrite=True", "--resume=False --overwrite=True"),
+    ("stop_at_step=5", "--stop_at_step=5"),
+])
+def test_an_invocation_flag_in_set_or_grid_is_refused_naming_how_to_pass_it(tmp_path, byte_shards, flag, hint):
+    # An invocation flag is what one run of train.py does with its folder, not a point's setting: written
+    # into every point it was dropped (overwrite) or stopped the sweep's runs for good (stop_at_step).
+    key = flag.split("=")[0]
+    with pytest.raises(ConfigError, match=f"--set {flag}: {key} is an invocation flag"):
+        grid_and_fixed([], [flag])
+    with pytest.raises(ConfigError, match=f"--grid {flag}: {key} is an invocation flag"):
+        grid_and_fixed([flag], [])
+    base = base_config(tmp_path, byte_shards)
+    result = sweep(base, "--name=flags", f"--out-dir={tmp_path}", "--set", flag, "--launch=local", check=False)
+    assert result.returncode == 1 and f"{key} is an invocation flag" in result.stderr, result.stderr
+    assert hint in result.stderr and str(tmp_path / "flags") in result.stderr, result.stderr
+    assert not (tmp_path / "flags").exists()  # refused before anything is written
+    assert "--set KEY=VALUE" in sweep("--help").stdout and "invocation flag" in sweep("--help").stdout
+
+
+def test_a_hand_edited_point_is_named_with_both_ways_out_and_dry_run_marks_it(tmp_path, byte_shards):
+    base = base_config(tmp_path, byte_shards)
+    command = [base, "--name=edit", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01"]
+    sweep(*command)
+    point = tmp_path / "edit" / "lr0.01" / "point.py"
+    point.write_text(point.read_text().replace("max_steps = 4", "max_steps = 6"))
+    refused = sweep(*command, "--launch=local", check=False)
+    assert refused.returncode == 1, refused.stdout
+    message = refused.stderr
+    assert f"point lr0.01's file {point} differs from this plan (max_steps: written 6, now 4)" in message, message
+    assert f"delete {point} and rerun this command with --add-points" in message, message  # restore it
+    assert "as a point of its own" in message and "run_name" in message, message  # or take the edit as a new one
+    dry = sweep(*command, "--dry-run")
+    assert rows(dry.stdout)["lr0.01"]["status"] == "edited: max_steps: written 6, now 4", dry.stdout
+    assert rows(dry.stdout)["lr0.003"]["status"] == "new"
+    # The first way out: the file deleted, the sweep writes it again from the plan and goes on.
+    point.unlink()
+    sweep(*command, "--add-points")
+    assert "max_steps = 4" in point.read_text()
