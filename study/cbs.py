@@ -454,13 +454,21 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
     header += ["B_simple (sequences)", "L_k - L_1 by k"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
-    def b_star(k: float | None, batch: int) -> str:
-        return "-" if k is None else f"{k * batch:g}"
+    def b_star(k: float | None, batch: int, tried: list[float]) -> str:
+        """k x B; at the smallest multiplier tried a bound, <= (a smaller one might have kept up too),
+        at the largest, >= (a larger one might have)."""
+        if k is None:
+            return "-"
+        bound = "<= " if k == tried[0] and len(tried) > 1 else ">= " if k == tried[-1] and len(tried) > 1 else ""
+        return f"{bound}{k * batch:g}"
     for m in measurements:
-        row = [str(m.step), f"{m.tokens:,}", str(m.batch), f"{m.k_epsilon:g}", b_star(m.k_epsilon, m.batch),
-               b_star(m.k_epsilon_from_one, m.batch)]
+        tried = sorted(m.losses)
+        from_one = [k for k in tried if k >= 1]
+        row = [str(m.step), f"{m.tokens:,}", str(m.batch), f"{m.k_epsilon:g}", b_star(m.k_epsilon, m.batch, tried),
+               b_star(m.k_epsilon_from_one, m.batch, from_one)]
         if interval:
-            row += [f"{m.k_interval:g}", b_star(m.k_interval, m.batch), b_star(m.k_interval_from_one, m.batch)]
+            row += [f"{m.k_interval:g}", b_star(m.k_interval, m.batch, tried),
+                    b_star(m.k_interval_from_one, m.batch, from_one)]
         row.append(f"{m.b_simple:.3g}" if m.b_simple is not None else "-")
         row.append(", ".join(f"{k:g}: diverged" if any(map(math.isinf, m.losses[k].values())) else
                              f"{k:g}: {d.mean:+.4f}" + (f" ±{d.ci95:.4f}" if d.n > 1 else "")
@@ -471,7 +479,8 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
     if interval:
         rule += ("; k* (95% interval): the largest k that falls behind no smaller j, falling behind meaning the "
                  f"95% t-interval of L_k - L_j over the seeds (paired) lies wholly above {epsilon:g}")
-    return ("\n".join(lines) + "\n\n" + rule + ". B* = k* x B. Both compare k with every smaller multiplier, the "
+    return ("\n".join(lines) + "\n\n" + rule + ". B* = k* x B; <= and >= mark a k* at the smallest or the "
+            "largest multiplier its rule compared, where the branches bound B* only. Both compare k with every smaller multiplier, the "
             "fractions included (the paper's rule); \"over k >= 1\": the same rule over the multipliers from the "
             "parent's batch up only, without the fractions' noisier branches as references. B_simple: the run's "
             "live noise-scale estimate there.")

@@ -499,3 +499,17 @@ def test_the_k1_branch_of_a_scheduled_parent_continues_it_bitwise(byte_shards, t
     assert all(torch.equal(own.model[k], theirs.model[k]) for k in theirs.model)
     for key, state in theirs.optimizer["state"].items():
         assert all(torch.equal(own.optimizer["state"][key][name], value) for name, value in state.items())
+
+
+def test_a_critical_batch_at_the_end_of_the_multipliers_tried_is_printed_as_a_bound():
+    # k* the smallest multiplier tried says only B* <= k x B; the largest, only B* >= k x B.
+    losses = {k: {0: 1.0} for k in (0.25, 0.5, 1.0, 2.0, 8.0)}
+    m = cbs.Measurement(step=64, tokens=16384, batch=8, losses=losses, k_epsilon=0.25, k_interval=None,
+                        k_epsilon_from_one=1.0, k_interval_from_one=None, b_simple=None, differences={})
+    row = cbs.table([m], 0.01).splitlines()[2].split(" | ")
+    assert row[3:6] == ["0.25", "<= 2", "<= 8"], row
+    inner = cbs.Measurement(**{**m.__dict__, "k_epsilon": 0.5, "k_epsilon_from_one": 2.0})
+    assert cbs.table([inner], 0.01).splitlines()[2].split(" | ")[3:6] == ["0.5", "4", "16"]
+    top = cbs.Measurement(**{**m.__dict__, "k_epsilon": 8.0, "k_epsilon_from_one": 8.0})
+    assert cbs.table([top], 0.01).splitlines()[2].split(" | ")[3:6] == ["8", ">= 64", ">= 64"]
+    assert "<= and >=" in cbs.table([m], 0.01)  # the note says what a bound means
