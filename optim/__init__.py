@@ -43,8 +43,8 @@ from .sophia import SophiaG
 
 __all__ = ["AdEMAMix", "Adafactor", "AdamWScheduleFree", "BACKENDS", "DMuon", "GradientFn", "LAMB", "Lion", "LossFn",
            "MARS", "MERIT", "Muon", "Optimizer", "SGD", "SOAP", "SophiaG", "TrainingHooks", "adamw", "Settings",
-           "available", "batch_decays", "build", "check_options", "param_groups", "register", "schedule_free",
-           "settings"]
+           "available", "batch_decays", "build", "check_options", "param_groups", "refusal", "register",
+           "schedule_free", "settings", "takes"]
 
 _REGISTRY: dict[str, Callable] = {
     "adamw": adamw,
@@ -62,12 +62,40 @@ _REGISTRY: dict[str, Callable] = {
     "adafactor": Adafactor,
 }
 _COMMON = ("lr", "weight_decay", "betas", "eps", "backend")
+_HYPERPARAMETERS = _COMMON[:-1]  # the common ones a config sets at its top level (betas as beta1 and beta2)
 _CONTEXT = ("batch_tokens", "run_steps")  # supplied by the training loop, see build
 
 
 def available() -> list[str]:
     """Names ``build`` accepts."""
     return sorted(_REGISTRY)
+
+
+def takes(name: str) -> list[str]:
+    """The common hyper-parameters (lr, weight_decay, betas, eps) optimizer ``name``'s constructor takes."""
+    parameters = inspect.signature(_REGISTRY[name.lower()]).parameters
+    return [option for option in _HYPERPARAMETERS if option in parameters]
+
+
+def refusal(name: str, hyperparameter: str, drop: str, where: str = "") -> str:
+    """Why a common ``hyperparameter`` (set ``where``) that optimizer ``name`` takes none of is refused, and the
+    fix: ``drop`` what set it; what the optimizer takes instead, as a config sets it (betas as beta1 and beta2)."""
+    key = name.lower()
+    top = [word for option in takes(key) for word in (("beta1", "beta2") if option == "betas" else (option,))]
+    options = _options(key)
+    return (f"optimizer {key!r} takes no {hyperparameter}{where}; drop {drop} ({key} takes {_and(top)}, and "
+            + (f"in optimizer_options {', '.join(options)})" if options else "no optimizer_options)"))
+
+
+def _and(words: list[str]) -> str:
+    return " and ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _options(key: str) -> list[str]:
+    """The options of optimizer ``key`` (registered) that a config sets in optimizer_options."""
+    return [n for n, prm in inspect.signature(_REGISTRY[key]).parameters.items()
+            if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY) and n != "params"
+            and n not in _COMMON + _CONTEXT]
 
 
 def schedule_free(name: str) -> bool:
@@ -121,8 +149,9 @@ def settings(name: str, defaults: str = "published", options: dict | None = None
     """Optimizer ``name``'s ``Settings`` from the ``common`` hyper-parameters chosen (lr,
     weight_decay, betas, eps) and its own ``options``: each value chosen that is not None ("set"),
     else its published GPT-2 value ("published"; not with ``defaults="constructor"``), else its
-    constructor's default ("default"). An unknown name or option, or a value chosen of another type
-    than the constructor declares, is refused here, once."""
+    constructor's default ("default"). An unknown name or option, a common hyper-parameter chosen that the
+    optimizer takes none of (SGD's eps: ``refusal``), or a value chosen of another type than the constructor
+    declares, is refused here, once."""
     key = name.lower()
     if defaults not in ("published", "constructor"):
         raise ValueError(f"defaults={defaults!r}: use 'published' or 'constructor'")
@@ -130,6 +159,9 @@ def settings(name: str, defaults: str = "published", options: dict | None = None
     unknown = sorted(set(common) - set(_COMMON))
     if unknown:
         raise TypeError(f"{unknown} are not common hyper-parameters ({', '.join(_COMMON[:-1])}): pass them in options")
+    for option, value in common.items():  # (one the optimizer takes none of is refused, never dropped)
+        if value is not None and option in _HYPERPARAMETERS and option not in takes(key):
+            raise TypeError(refusal(key, option, drop=option))
     chosen = {**common, **(options or {})}
     gpt2 = published.gpt2_settings(key, chosen) if defaults == "published" else {}
     entries = {}
@@ -212,10 +244,12 @@ def check_options(name: str, options) -> None:
     if key not in _REGISTRY:
         raise ValueError(f"unknown optimizer {name!r}{_did_you_mean(key, _REGISTRY)}; "
                          f"valid names: {', '.join(available())}")
-    accepted = [n for n, prm in inspect.signature(_REGISTRY[key]).parameters.items()
-                if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)
-                and n != "params" and n not in _COMMON + _CONTEXT]
+    accepted = _options(key)
     for option in options:
+        if option in _HYPERPARAMETERS and option not in takes(key):  # (no top-level key takes it either)
+            betas = option == "betas"
+            raise TypeError(refusal(key, option, "them" if betas else "it",
+                                    f", in optimizer_options or as {'beta1/beta2' if betas else option}"))
         if option in _COMMON + _CONTEXT:
             raise TypeError(f"option {option!r} of optimizer {key!r} is set by the training config, not in "
                             f"optimizer_options: use its top-level key (lr, weight_decay, beta1/beta2, eps, "

@@ -108,10 +108,10 @@ def test_a_decay_its_optimizer_does_not_declare_is_refused_at_resolution(optimiz
         resolve_config(config)
 
 
-def test_betas_for_an_optimizer_without_betas_are_refused_naming_its_decays():
+def test_betas_for_an_optimizer_without_betas_are_refused_naming_what_it_takes():
     # (SGD keeps its momentum in optimizer_options: a --beta1 meant for it must not vanish, nor crash resolution.)
-    with pytest.raises(ConfigError, match=r"beta1=0.9, beta2=None: optimizer 'sgd' has no betas \(its decays: "
-                                          r"momentum\); set its own options in optimizer_options"):
+    with pytest.raises(ConfigError, match=r"beta1=0.9: optimizer 'sgd' takes no betas; drop beta1 \(sgd takes lr "
+                                          r"and weight_decay, and in optimizer_options momentum\)"):
         resolve_config(TrainConfig(max_steps=1, optimizer="sgd", beta1=0.9))
     sgd = resolve_config(TrainConfig(max_steps=1, optimizer="sgd", optimizer_options={"momentum": 0.9})).config
     assert half_life_betas(sgd, 2.0, ("momentum",)) == {"optimizer_options": {**sgd.optimizer_options,

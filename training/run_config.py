@@ -2,9 +2,10 @@
 
 The schema (configs/__init__.py) checks what a config says by itself. What it cannot check
 alone is checked here, before a run writes anything: the optimizer's name and options against
-the registry, the lr schedule against the optimizer (Schedule-Free AdamW takes no decay), the
-optimizer backend, and the device against the machine. (The zero-shot tasks are the evaluator's,
-which nothing in training/ imports: train.py checks them at start-up.) Then every hyper-parameter
+the registry (a top-level key it takes none of, such as SGD's eps, is refused), the lr schedule
+against the optimizer (Schedule-Free AdamW takes no decay), the optimizer backend, and the device
+against the machine. (The zero-shot tasks are the evaluator's, which nothing in training/ imports:
+train.py checks them at start-up.) Then every hyper-parameter
 of the optimizer is resolved once, with its source (``optim.Settings``): "set" by the config, its
 "published" GPT-2 value (optim/published.py) or its constructor's "default"; the run builds its
 optimizer from them. The resolved config is what the run trains with and records (config.json,
@@ -55,6 +56,11 @@ def precision(name: str, device: torch.device) -> tuple[torch.dtype, AbstractCon
 def resolve_config(config: TrainConfig) -> RunConfig:
     """Check ``config`` against the registries and the machine (a ConfigError that names the key
     and the fix), then resolve its optimizer's hyper-parameters."""
+    for key in ("lr", "weight_decay", "eps", "beta1", "beta2"):  # a key its optimizer takes none of: refused
+        hyperparameter, value = "betas" if key.startswith("beta") else key, getattr(config, key)
+        if (value is not None and config.optimizer.lower() in optim.available()
+                and hyperparameter not in optim.takes(config.optimizer)):
+            raise ConfigError(f"{key}={value!r}: {optim.refusal(config.optimizer, hyperparameter, key)}")
     try:
         settings = optim.settings(config.optimizer, options=config.optimizer_options, lr=config.lr,
                                   weight_decay=config.weight_decay, eps=config.eps)
@@ -74,11 +80,6 @@ def resolve_config(config: TrainConfig) -> RunConfig:
                           "install a CUDA build of torch")
 
     if (config.beta1, config.beta2) != (None, None):  # one beta set: the other keeps its unset value
-        if "betas" not in settings.entries:
-            decays = ", ".join(optim.batch_decays(config.optimizer)) or "none"
-            raise ConfigError(f"beta1={config.beta1}, beta2={config.beta2}: optimizer {config.optimizer!r} has no "
-                              f"betas (its decays: {decays}); set its own options in optimizer_options, e.g. "
-                              f"optimizer_options={{'momentum': 0.9}} for sgd")
         unset = settings["betas"][0]
         betas = (unset[0] if config.beta1 is None else config.beta1, unset[1] if config.beta2 is None else config.beta2)
         settings = optim.Settings(settings.optimizer, {**settings.entries, "betas": (betas, "set")})
