@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import importlib
 import inspect
 import json
 import math
@@ -150,8 +151,7 @@ class TrainConfig:
 
     # --- optimizer: a hyper-parameter left None (here and in optimizer_options) gets the optimizer's
     # published GPT-2 value (optim/published.py), else its own default; filled in at start-up ---
-    # a name in optim/'s registry: "adamw", "lamb", "merit", "lion", "sophiag", "muon", and the 2025 benchmark's
-    # "dmuon", "ademamix", "mars", "soap", "adamw_schedulefree"
+    # a name in optim/'s registry (optim.available())
     optimizer: str = role("experiment", "merit")
     weight_decay: float | None = role("optimizer", None)  # decoupled weight decay of the matrices
     beta1: float | None = role("optimizer", None)  # the first moment's decay (Lion, Muon: their momenta)
@@ -168,7 +168,7 @@ class TrainConfig:
     # exceeded this has its W_q and W_k rows scaled so it would have been this (Kimi K2: 100); None: off
     qk_clip_tau: float | None = role("experiment", None)
     optimizer_options: dict = role("optimizer", default_factory=dict)  # extra keyword arguments of the optimizer
-    # who runs the optimizer's fused operations: "auto", "torch", "cpp", "triton"
+    # who runs the optimizer's fused operations (optim.backends.SETTINGS)
     optim_backend: str = role("bookkeeping", "auto")
 
     # --- evaluation, logging, checkpoints ---
@@ -615,6 +615,20 @@ def key_reference(width: int = 100) -> str:
             meaning, comment = rest.partition("  # ")[2] or " ".join(comment), []
             f = _FIELDS[name]
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            meaning = f"{meaning}: {_registered(name)}" if name in REGISTERED else meaning
             lines.append(f"  --{name}={default!r}  ({f.type})")
             lines += textwrap.wrap(meaning, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines).lstrip("\n")
+
+
+# The keys whose values a registry holds: --help lists them from it (key_reference), so that the help cannot
+# drift from what is registered; "module:name" of a list or of a function that returns one, imported only there
+# (importing the schema stays cheap).
+REGISTERED = {"optimizer": "optim:available", "optim_backend": "optim.backends:SETTINGS"}
+
+
+def _registered(key: str) -> str:
+    """The values key's registry holds (``REGISTERED``), quoted: '"adafactor", "adamw", ...'."""
+    module, _, name = REGISTERED[key].partition(":")
+    values = getattr(importlib.import_module(module), name)
+    return ", ".join(f'"{value}"' for value in (values() if callable(values) else values))

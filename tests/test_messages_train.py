@@ -4,7 +4,7 @@ key the optimizer takes none of, the optimizer names --help lists, a second Ctrl
 import pytest
 
 import optim
-from configs import ConfigError, command_line_config
+from configs import ConfigError, command_line_config, key_reference
 from training.run_config import resolve_config
 
 TAKES = {  # the top-level keys each optimizer without betas or eps takes, and its own options
@@ -61,3 +61,12 @@ def test_the_keys_each_optimizer_takes_are_accepted():
             flags += ["--beta1=0.8", "--beta2=0.9"]
         config = resolved(*flags).config
         assert ("eps" not in taken or config.eps == 1e-7) and ("betas" not in taken or config.beta1 == 0.8), name
+
+
+def test_help_lists_every_registered_optimizer_under_optimizer():
+    lines = key_reference().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  --optimizer="))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("      "))
+    meaning = " ".join(lines[start + 1:end])
+    for name in optim.available():
+        assert f'"{name}"' in meaning, (name, meaning)
