@@ -106,7 +106,7 @@ class Trainer:
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
         # Each section of a step (SECTIONS) runs in ``with self.section(name)``: a profiler's range (or a timer).
         self.section = metrics.section_range
-        self.signals = StopSignals(self.ctx.is_main)
+        self.signals = StopSignals(self.ctx.is_main, self.checkpoints, lambda: self.step)
         self.run_lock = self.checkpoints.lock = run_folder.lock(self.run_dir, folder_seen, self.ctx)
 
     @property

@@ -1,10 +1,16 @@
 """What train.py is asked is done, or refused in one line that says why and what works (issue 56): an optimizer
 key the optimizer takes none of, the optimizer names --help lists, a second Ctrl-C."""
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 import optim
 from configs import ConfigError, command_line_config, key_reference
+from helpers import ROOT, TINY_RUN
 from training.run_config import resolve_config
 
 TAKES = {  # the top-level keys each optimizer without betas or eps takes, and its own options
@@ -70,3 +76,28 @@ def test_help_lists_every_registered_optimizer_under_optimizer():
     meaning = " ".join(lines[start + 1:end])
     for name in optim.available():
         assert f'"{name}"' in meaning, (name, meaning)
+
+
+@pytest.mark.slow  # a real process, signalled twice
+def test_a_second_ctrl_c_stops_at_once_in_one_line_with_status_130(byte_shards, tmp_path):
+    # No log step in reach (the first Ctrl-C would save there and exit 0); a checkpoint every 2 steps.
+    args = [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--max_steps=100000",
+            "--log_interval=100000", "--checkpoint_interval=2", "--batch_size=2", "--micro_batch_size=2"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint, deadline = tmp_path / "default" / "ckpt.pt", time.time() + 120
+    while time.time() < deadline and not checkpoint.exists():
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert "Ctrl-C: saving at the next log step" in stdout
+    said = [line for line in stderr.splitlines() if "train.py" in line]  # (the rest: the progress bar's)
+    assert len(said) == 1 and said[0].startswith("train.py: stopped at once by a second Ctrl-C after step "), stderr
+    line = said[0]
+    assert f"; the last checkpoint is {checkpoint} (step " in line and line.endswith(
+        f"): resume with python train.py {' '.join(args)} --resume"), line

@@ -1,19 +1,29 @@
 """How a run is asked to stop: SIGTERM (a scheduler's preemption notice) and Ctrl-C save at the
-next log step, where the ranks agree on it, and exit; a second Ctrl-C stops at once. The handlers
-a program had are restored when the run closes, so a run inside another program leaves them as
-they were."""
+next log step, where the ranks agree on it, and exit; a second Ctrl-C stops at once, unsaved, in one
+line that names the last checkpoint and the resume command (no traceback), with exit status 130. The
+handlers a program had are restored when the run closes, so a run inside another program leaves them
+as they were."""
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
+from collections.abc import Callable
 
 from tqdm import tqdm
 
 from training import distributed
+from training.checkpoint import CHECKPOINT_NAME
+from training.run_folder import resume_command
+
+AT_ONCE_STATUS = 128 + signal.SIGINT  # (130: the shell's status of a process Ctrl-C stopped)
 
 
 class StopSignals:
-    def __init__(self, is_main: bool):
-        self.is_main = is_main
+    def __init__(self, is_main: bool, checkpoints=None, step: Callable[[], int] = lambda: 0):
+        """``checkpoints``: the run's Checkpointer (its folder and the steps saved), ``step``: the steps
+        taken; what a second Ctrl-C's line says."""
+        self.is_main, self.checkpoints, self.step = is_main, checkpoints, step
         self.received: str | None = None  # the name of a signal that asked the run to save and stop
         self.saved = {sig: signal.signal(sig, handler) for sig, handler in
                       ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint))}
@@ -25,10 +35,29 @@ class StopSignals:
 
     def _on_sigint(self, signum, frame):
         if self.received is not None:
-            raise KeyboardInterrupt
+            self.stop_at_once()
         self.received = "Ctrl-C"
         if self.is_main:
             tqdm.write("Ctrl-C: saving at the next log step, then exiting (Ctrl-C again to stop at once)")
+
+    def stop_at_once(self):
+        """A second Ctrl-C: nothing saved, one line on stderr (the main rank's), exit status 130. SystemExit,
+        not KeyboardInterrupt: the run's ``finally`` still closes it (its lock given up), and no traceback."""
+        if self.is_main:
+            tqdm.write(self.at_once_line(), file=sys.stderr)
+        raise SystemExit(AT_ONCE_STATUS)
+
+    def at_once_line(self) -> str:
+        """What a second Ctrl-C says: the step reached, the last checkpoint and how to resume from it."""
+        said = f"train.py: stopped at once by a second Ctrl-C after step {self.step()}, unsaved"
+        saved = self.checkpoints.steps if self.checkpoints is not None else []
+        if not saved:
+            return f"{said}; no checkpoint was saved: run the same command again to start over"
+        own = sys.argv[0].endswith("train.py")  # (train.main called by another program: its argv is not ours)
+        resume = (shlex.join(resume_command(distributed.launcher(), sys.argv[1:])) if own
+                  else "the same command with --resume")
+        return (f"{said}; the last checkpoint is {self.checkpoints.run_dir / CHECKPOINT_NAME} (step {saved[-1]}): "
+                f"resume with {resume}")
 
     def agreed(self, ctx) -> bool:
         """Whether a signal reached any rank (every rank calls it: a host sync, at log steps)."""
