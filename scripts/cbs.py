@@ -9,9 +9,11 @@
 RUN is a run folder with numbered checkpoints (ckpt_<step>.pt: train it with
 ``permanent_checkpoint_interval``). From each chosen checkpoint (``--steps``; default: every one
 that leaves ``--branch-tokens`` of the run), for each multiplier k and seed, a branch trains
-``--branch-tokens`` more tokens at batch k x B with the lr times sqrt(k) (``--lr-scaling``) and,
-with ``--beta-scaling half-life``, the decays of
-``--scale-betas`` at their half-life in tokens, on the parent's lr schedule in tokens. Each branch
+``--branch-tokens`` more tokens at batch k x B with the lr times sqrt(k) (``--lr-scaling``) and
+the decays the parent holds at their half-life in tokens (its ``batch_half_life_betas``) at that
+half-life, beta ** k (``--beta-scaling``: ``parent`` by default; ``none``, or ``half-life`` with the
+decays of ``--scale-betas``; the branch's config records the rule it trained with), on the parent's
+lr schedule in tokens. Each branch
 is a run folder, RUN/branches/step_<step>/k<k>_s<seed>, with its config (branch.py) and a copy of
 the parent's checkpoint (seed s: the data read from s x branch tokens past the parent's position).
 ``--launch local`` trains the unfinished branches in this process, one after another (a killed
@@ -78,7 +80,11 @@ def main(argv=None) -> None:
                                                                     "steps of every branch), e.g. 65536"),
                         help="tokens each branch trains (required to plan branches)")
     parser.add_argument("--lr-scaling", choices=list(SCALINGS), default="sqrt", help="the lr times f(k)")
-    parser.add_argument("--beta-scaling", choices=["none", "half-life"], default="none")
+    parser.add_argument("--beta-scaling", choices=["parent", "none", "half-life"], default="parent",
+                        help="parent (default): the parent's own rule, the decays its batch_half_life_betas names "
+                             "at their half-life in tokens (none if it names none); none: the parent's betas at "
+                             "every k; half-life: the decays of --scale-betas. A branch's config records the rule "
+                             "in its batch_half_life_betas")
     parser.add_argument("--scale-betas", default="beta2", metavar="KEYS",
                         help="with --beta-scaling half-life, the decays scaled, each where the parent's optimizer "
                              "declares it (optim.batch_decays: beta1, beta2, Muon's momentum, ...; default beta2)")
@@ -109,7 +115,7 @@ def main(argv=None) -> None:
             if not (run / cbs.BRANCHES).is_dir():
                 raise ConfigError(f"{run} holds no branches yet: give --branch-tokens to plan them")
         else:
-            betas = tuple(args.scale_betas.split(",")) if args.beta_scaling == "half-life" else ()
+            betas = {"parent": None, "none": (), "half-life": tuple(args.scale_betas.split(","))}[args.beta_scaling]
             world_size = args.gpus_per_node * args.nodes if args.launch == "slurm" else args.nproc_per_node
             branches = cbs.plan(run, args.steps, sorted(args.multipliers), args.branch_tokens, args.lr_scaling, betas,
                                 args.seeds, world_size)

@@ -96,9 +96,11 @@ def branch_name(multiplier: float, seed: int) -> str:
 
 
 def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branch_tokens: int, lr_scaling: str,
-         betas: tuple[str, ...], seeds: list[int], world_size: int = 1) -> list[Branch]:
+         betas: tuple[str, ...] | None, seeds: list[int], world_size: int = 1) -> list[Branch]:
     """The branches of ``run_dir``'s checkpoints at ``steps`` (None: every numbered one that leaves
-    ``branch_tokens`` of the run), each a resolved config (nothing is written); a multiplier whose
+    ``branch_tokens`` of the run), each a resolved config (nothing is written); ``betas``: the decays
+    a branch at k x B holds at their half-life in tokens (beta ** k), None: the parent's own rule (its
+    batch_half_life_betas), recorded in each branch's batch_half_life_betas; a multiplier whose
     batch is not whole or does not divide over ``world_size`` ranks, branch tokens that are not whole
     steps of every branch, or a checkpoint too near the run's end, refused."""
     from training.run_config import resolve_config  # (the optimizer registry: only where branches are planned)
@@ -136,6 +138,7 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
         # these, so that the k = 1 branch continues the parent.
         decays = half_life_betas(parent, schedule.ratio(step), followed_decays(parent))
         at_step = dataclasses.replace(parent, **decays)
+        scaled = followed_decays(parent) if betas is None else tuple(betas)  # (the branch follows the parent's rule)
         for multiplier in multipliers:
             if not float(multiplier * batch).is_integer() or multiplier * batch % world_size:
                 raise ConfigError(f"multiplier {multiplier:g} of the batch {batch} at step {step} is "
@@ -161,12 +164,12 @@ def plan(run_dir: Path, steps: list[int] | None, multipliers: list[float], branc
                     checkpoint_interval=max(1, branch_steps // 4), keep_checkpoints=1, permanent_checkpoint_interval=0,
                     zero_shot_tasks="", zero_shot_interval=0, sample_tokens=0, wandb_mode="disabled",
                     run_name=folder.name, out_dir=str(folder.parent), resume="auto", overwrite=False,
-                    **{**decays, **half_life_betas(at_step, multiplier, betas)})
+                    batch_half_life_betas=",".join(scaled), **{**decays, **half_life_betas(at_step, multiplier, scaled)})
                 config = dataclasses.replace(parent, **changes)
                 differing = sorted(key for key in RECORDED if getattr(config, key) != checkpoint.config.get(key))
                 config = resolve_config(dataclasses.replace(config, allow_changes=",".join(differing))).config
                 if multiplier != 1:  # (k = 1 continues the parent: no transient)
-                    check_length(config, step, multiplier, branch_steps, betas, whole)
+                    check_length(config, step, multiplier, branch_steps, scaled, whole)
                 branches.append(Branch(step, multiplier, seed, config, folder, batch))
     if too_late and not branches:  # (every checkpoint was too near the end: the earliest says so)
         raise too_late[0]

@@ -498,6 +498,14 @@ def test_the_k1_branch_of_a_scheduled_parent_continues_it_bitwise(byte_shards, t
     [branch] = cbs.plan(run, [12], [1.0], 1024, "sqrt", (), [0])
     betas = (0.4 ** 2.0, 0.5 ** 2.0)  # (the parent's betas, at twice the first batch)
     assert (branch.config.batch_size, (branch.config.beta1, branch.config.beta2)) == (8, betas)
+    # By default (betas None) a branch follows the parent's own rule, its batch_half_life_betas: k = 2
+    # takes beta ** 2 of the phase's betas, and its config records the rule it trained with; asked for
+    # none (--beta-scaling none: ()), it keeps the phase's betas and records no rule.
+    [own_rule] = cbs.plan(run, [12], [2.0], 1024, "sqrt", None, [0])
+    assert (own_rule.config.beta1, own_rule.config.beta2) == (betas[0] ** 2.0, betas[1] ** 2.0)
+    assert own_rule.config.batch_half_life_betas == "beta1,beta2"
+    [unscaled] = cbs.plan(run, [12], [2.0], 1024, "sqrt", (), [0])
+    assert ((unscaled.config.beta1, unscaled.config.beta2), unscaled.config.batch_half_life_betas) == (betas, "")
     branch_here(run, steps=(12,), multipliers=(1.0,), seeds=(0,))
     own, theirs = Checkpoint.load(branch.folder / "ckpt.pt"), Checkpoint.load(run / "ckpt_00000016.pt")
     assert own.step == theirs.step == 16
