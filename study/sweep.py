@@ -155,6 +155,15 @@ INVOCATION_HINTS = {
 }
 
 
+def invocation_flag(where: str, key: str, value, folder: str) -> ConfigError:
+    """The refusal of the invocation flag ``key`` in a sweep's plan (``where``: as given), saying how
+    to pass it to a point's own run in the sweep's ``folder``."""
+    return ConfigError(f"{where}: {key} is an invocation flag (configs.INVOCATION_KEYS: what one run of train.py "
+                       f"does with its run folder), not a setting of the points, which the sweep always runs with "
+                       f"--resume=auto (a finished point skipped, an interrupted one resumed): "
+                       f"{INVOCATION_HINTS[key].format(value=value, folder=folder)}")
+
+
 def grid_and_fixed(grid_texts: list[str], set_texts: list[str],
                    folder: str = "OUT_DIR/NAME") -> tuple[dict[str, list], list[str]]:
     """The grid of ``--grid KEY=V1,V2,...`` ({key: values}) and the overrides of ``--set KEY=VALUE``
@@ -165,10 +174,7 @@ def grid_and_fixed(grid_texts: list[str], set_texts: list[str],
     for flag, given in (("--grid", grid), ("--set", fixed)):
         for key in INVOCATION_KEYS:
             if key in given:
-                raise ConfigError(f"{flag} {key}={given[key]}: {key} is an invocation flag (configs.INVOCATION_KEYS: "
-                                  f"what one run of train.py does with its run folder), not a setting of the points, "
-                                  f"which the sweep always runs with --resume=auto (a finished point skipped, an "
-                                  f"interrupted one resumed): {INVOCATION_HINTS[key].format(value=given[key], folder=folder)}")
+                raise invocation_flag(f"{flag} {key}={given[key]}", key, given[key], folder)
     shared = sorted(grid.keys() & fixed.keys())
     if shared:
         key = shared[0]
@@ -183,6 +189,10 @@ def plan(base: str, grid: dict[str, list], fixed: list[str], out: Path, lr_scali
     ``world_size`` ranks; a point that cannot is refused, named by its grid values. ``betas``: the
     decays scaled from the base batch by their half-life in tokens (half_life_betas)."""
     base_config = load_config(base, fixed)
+    for key in INVOCATION_KEYS:  # (set by the base config file itself: --set and --grid refuse them too)
+        value = getattr(base_config, key)
+        if value != TrainConfig.__dataclass_fields__[key].default:
+            raise invocation_flag(f"the base config {base} sets {key}={value!r}", key, value, str(out))
     base_batch = base_batch or base_config.batch_size
     block = base_config.model_config(1).block_size
     base_warmup_steps = base_config.warmup_steps or base_config.warmup_tokens // (base_batch * block)

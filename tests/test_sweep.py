@@ -253,6 +253,11 @@ def test_an_invocation_flag_in_set_or_grid_is_refused_naming_how_to_pass_it(tmp_
     assert result.returncode == 1 and f"{key} is an invocation flag" in result.stderr, result.stderr
     assert hint in result.stderr and str(tmp_path / "flags") in result.stderr, result.stderr
     assert not (tmp_path / "flags").exists()  # refused before anything is written
+    # The same rule where the base config file sets the flag itself.
+    key_value = dict([flag.split("=")])
+    with pytest.raises(ConfigError, match=f"the base config {base} sets {flag}: {key} is an invocation flag"):
+        plan(str(base_config(tmp_path, byte_shards, **{key: eval(key_value[key])})), {}, [], tmp_path / "flags",
+             "none", "none", None)
     assert "--set KEY=VALUE" in sweep("--help").stdout and "invocation flag" in sweep("--help").stdout
 
 
