@@ -35,7 +35,8 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
 
 And, only when named, with ``--checkpoint``:
 
-* **subnormal**: the checkpoint's model, one thread, ``--steps`` forwards and backwards of one
+* **subnormal**: the checkpoint's model (``--checkpoint`` a checkpoint train.py wrote, or a run
+  folder: its newest, RUN/ckpt.pt), one thread, ``--steps`` forwards and backwards of one
   sequence of random tokens a round, with IEEE floats and with subnormals flushed to zero
   (``flush_denormals``) in turn, ``--rounds`` rounds: each mode's median ms per step, their
   ratio, and the subnormal gradient entries of one step. A checkpoint whose attention logits ran
@@ -50,6 +51,7 @@ import math
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import redirect_stderr, redirect_stdout
@@ -184,16 +186,23 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
     return per_token, overhead, described
 
 
-def subnormal_cost(checkpoint: Path, steps: int, rounds: int) -> dict:
+def checkpoint_file(path: Path) -> Path:
+    """The checkpoint ``--checkpoint`` names: a run folder's newest (RUN/ckpt.pt), else ``path``
+    (a sharded checkpoint's folder is one)."""
+    from training.checkpoint import CHECKPOINT_NAME
+    return path / CHECKPOINT_NAME if path.is_dir() and (path / CHECKPOINT_NAME).exists() else path
+
+
+def subnormal_cost(checkpoint: Path, steps: int, rounds: int, saved=None) -> dict:
     """{"ieee_ms", "flushed_ms": medians over ``rounds`` of a forward and backward's ms (``steps``
     a round, the modes in turn), "ratio": theirs, "subnormal_grads": subnormal gradient entries
     after one step with IEEE floats, "grads": all of them} on ``checkpoint``'s model, one thread
-    (the flush mode is a thread's own: one thread has all of it)."""
+    (the flush mode is a thread's own: one thread has all of it). ``saved``: the Checkpoint, if read already."""
     import torch
     from model import GPT
     from training.checkpoint import Checkpoint
     torch.set_num_threads(1)
-    saved = Checkpoint.load(checkpoint)
+    saved = saved or Checkpoint.load(checkpoint)
     model = GPT(saved.model_config(checkpoint))
     model.load_state_dict(saved.model)
     generator = torch.Generator().manual_seed(0)
@@ -314,7 +323,8 @@ def main(argv=None) -> dict:
     parser.add_argument("measurements", nargs="*", choices=MEASUREMENTS, default=list(DEFAULT_MEASUREMENTS),
                         metavar="MEASUREMENT", help=f"of {', '.join(MEASUREMENTS)} "
                                                     f"(default: {', '.join(DEFAULT_MEASUREMENTS)})")
-    parser.add_argument("--checkpoint", type=Path, help="subnormal: the checkpoint whose model is measured")
+    parser.add_argument("--checkpoint", type=Path, help="subnormal: the checkpoint whose model is measured (a run "
+                                                         "folder: its newest checkpoint, RUN/ckpt.pt)")
     parser.add_argument("--config", type=Path,
                         help="default: configs/default.py, with the mini-study's shape for small")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -331,6 +341,14 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if "subnormal" in args.measurements and not args.checkpoint:
         parser.error("subnormal measures a checkpoint's model: give --checkpoint RUN/ckpt.pt")
+    saved = None
+    if "subnormal" in args.measurements:  # (read before any measurement: a wrong path is told at once)
+        from training.checkpoint import Checkpoint
+        args.checkpoint = checkpoint_file(args.checkpoint)
+        try:
+            saved = Checkpoint.load(args.checkpoint)
+        except (OSError, ValueError) as error:  # missing, a config.json, a text file, a run folder without one
+            sys.exit(f"bench_batch: --checkpoint {args.checkpoint}: {error}")
     overrides = [f"--{item}" for item in args.set]
     import torch
     trained = [m for m in args.measurements if m != "subnormal"]  # (subnormal reads a checkpoint, no config)
@@ -361,7 +379,7 @@ def main(argv=None) -> dict:
                                      args.accumulated, args.rounds)
             results["small"] = print_small(*measured, args.rounds)
         if "subnormal" in args.measurements:
-            cost = subnormal_cost(args.checkpoint, args.steps, args.rounds)
+            cost = subnormal_cost(args.checkpoint, args.steps, args.rounds, saved)
             print(f"subnormal: {args.checkpoint}: a forward and backward of one sequence {cost['ieee_ms']:.2f} ms with "
                   f"IEEE floats, {cost['flushed_ms']:.2f} ms with subnormals flushed: {cost['ratio']:.2f}x (one thread, "
                   f"medians of {args.rounds} rounds of {args.steps}); {cost['subnormal_grads']} of {cost['grads']:,} "

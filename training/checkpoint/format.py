@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,13 +111,23 @@ class Checkpoint:
         missing, unreadable, of another version or lacks a field."""
         path = Path(path)
         file = path / SHARDED_CHECKPOINT if path.is_dir() else path
+        if path.is_dir() and not file.is_file() and (path / CHECKPOINT_NAME).exists():
+            raise FileNotFoundError(f"no checkpoint at {path}: {path} is a run folder, not a checkpoint: pass "
+                                    f"{path / CHECKPOINT_NAME} (its newest checkpoint)")
         if not file.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: give the path of a checkpoint train.py wrote "
                                     f"(RUN/{CHECKPOINT_NAME} is the newest of a run)")
+        if not zipfile.is_zipfile(file):  # (torch.save writes a zip; torch.load's error on anything else is long)
+            if file.name == "config.json":
+                raise ValueError(f"{path} is a run's config, not a checkpoint: pass {path.parent / CHECKPOINT_NAME}")
+            raise ValueError(f"checkpoint {path} cannot be read (not the zip file torch.save writes: truncated, or "
+                             f"another kind of file); it is corrupt or not a nanoMERIT checkpoint: pass one train.py "
+                             f"wrote (RUN/{CHECKPOINT_NAME} is the newest of a run)")
         try:
             state = torch.load(file, map_location=map_location, weights_only=True)
-        except Exception as e:  # a truncated or foreign file
-            raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoMERIT "
+        except Exception as e:  # a truncated or foreign file (torch's first line: its advice does not apply)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"checkpoint {path} cannot be read ({reason}); it is corrupt or not a nanoMERIT "
                              f"checkpoint") from e
         version = state.pop("format_version", None) if isinstance(state, dict) else None
         if version not in range(1, FORMAT_VERSION + 1):
