@@ -525,7 +525,7 @@ def main(argv=None) -> None:
     if args.verify:
         try:
             manifest = verify_manifest(args.verify, None, sha256=True)
-        except ValueError as error:
+        except (ValueError, OSError) as error:  # a folder missing, empty (its message: how to prepare it), unreadable
             sys.exit(f"prepare: {error}")
         if manifest is None:
             sys.exit(f"prepare: {args.verify} has no {MANIFEST}: not a folder prepared by data/prepare.py")

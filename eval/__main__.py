@@ -21,8 +21,10 @@ each task keeps the configuration it was evaluated with (``task_config``). A res
 another model is never replaced unless --overwrite is given: the refusal names that model and an
 --out of this one's own. A results file belongs to a model by its content (``model_sha256``, a
 hash of its weights): the same checkpoint named two ways (``ckpt.pt`` or the numbered file it
-points at) is one model. Evaluations writing one file at once merge under a lock (on the results
-file's folder): nothing one of them wrote is lost.
+points at) is one model. Results are never written into the run folder of another model (a folder
+with a run's config.json beside its checkpoints or metrics.jsonl, at or above --out): they would
+pass for that run's, and its train.py --overwrite deletes them. Evaluations writing one file at
+once merge under a lock (on the results file's folder): nothing one of them wrote is lost.
 """
 import argparse
 import fcntl
@@ -43,7 +45,7 @@ from eval.tasks import tasks_named
 from hf import from_hf
 from model import GPT
 from training.checkpoint import load_model
-from training.run_folder import model_sha256
+from training.run_folder import model_sha256, run_folder_around
 
 
 def load(args) -> tuple[GPT, str, dict]:
@@ -100,6 +102,7 @@ def main(argv=None) -> None:
     try:
         model, tokenizer_name, source_info = load(args)
         out = args.out or default_out(args, source_info)
+        check_run_folder(out, args)  # (another run's --overwrite would delete them)
         earlier_results(out, source_info, args.overwrite)  # checked before the (long) evaluation, and at the end
         check_writable(out)
         data_dir = samples_dir() if args.samples else args.data_dir
@@ -136,6 +139,17 @@ def default_out(args, source_info: dict) -> Path:
     if args.hf:
         return Path(args.hf) / f"{name}.json"
     return Path(args.ckpt).parent / f"{name}_{source_info['step']:08d}.json"
+
+
+def check_run_folder(out: Path, args) -> None:
+    """An error if ``out`` lies in the run folder of another model than the one evaluated: they
+    would pass for that run's results, and its train.py --overwrite removes them with its files."""
+    run = run_folder_around(out.resolve().parent)
+    own = Path(args.hf) if args.hf else Path(args.ckpt).parent  # (the folder of its name: ckpt.pt is a link)
+    if run is not None and run not in (own.resolve(), *own.resolve().parents):
+        raise ValueError(f"--out {out} is in the run folder {run} of another model than {args.hf or args.ckpt} "
+                         f"(that run's train.py --overwrite would delete them): write them into the model's own "
+                         f"folder, --out {own / out.name}, or write them outside it")
 
 
 def check_writable(out: Path) -> None:

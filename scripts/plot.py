@@ -38,6 +38,8 @@ All but the two loss figures are drawn where the runs logged their keys (train.p
 log step). A point has one colour in every figure, a layer one in every per-layer figure.
 """
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from study.plot import draw_all
@@ -53,11 +55,28 @@ def main(argv=None) -> None:
     parser.add_argument("--small-batch", action="store_true", default=None,
                         help="draw small_batch.png also where the runs do not reach a batch of one sequence")
     args = parser.parse_args(argv)
+    check_out(args.out)  # (before the runs are read)
     runs = study_runs(args, "plot")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # (e.g. under /proc, which even root cannot write)
+        sys.exit(f"plot: --out {args.out}: cannot make the folder ({error.strerror}); choose a writable folder")
     written = draw_all(runs, args.out, args.select_on, args.report_on, branch_runs(args.paths), args.epsilon, args.ema,
                        small_batch=args.small_batch)
     print(f"{len(runs)} runs, lrs selected on {args.select_on}, losses drawn on {args.report_on or args.select_on} -> "
           + ", ".join(map(str, written)))
+
+
+def check_out(out: Path) -> None:
+    """Exit with a message if ``out`` cannot be the figures' folder: a file (never replaced), or
+    below a file or a folder this user cannot write."""
+    if out.exists() and not out.is_dir():
+        sys.exit(f"plot: --out {out} is a file, not a folder for the figures: choose a folder (figures/ by default)")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        sys.exit(f"plot: --out {out}: cannot make the folder ({existing} is a file); choose a folder elsewhere")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        sys.exit(f"plot: --out {out}: cannot write the folder ({existing} is not writable); choose a writable folder")
 
 
 if __name__ == "__main__":

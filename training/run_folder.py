@@ -136,6 +136,17 @@ def last_logged_step(log: Path) -> int:
     return max(steps)
 
 
+def run_folder_around(path: Path) -> Path | None:
+    """The run folder ``path`` lies in (or is): the nearest folder at or above it that holds a run,
+    its config.json with its metrics.jsonl or a checkpoint (a config.json alone, as a home folder
+    may have, is not one); None if none does."""
+    for folder in (path, *path.parents):
+        if (folder / "config.json").is_file() and ((folder / "metrics.jsonl").is_file() or numbered(folder)
+                                                    or (folder / CHECKPOINT_NAME).exists()):
+            return folder
+    return None
+
+
 def derived_files(run_dir: Path) -> list[str]:
     """The names of what in ``run_dir`` was derived from a checkpoint (``DERIVED_FILES``), sorted."""
     return sorted({path.name for pattern in DERIVED_FILES for path in Path(run_dir).glob(pattern)})
@@ -152,9 +163,19 @@ def model_sha256(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def make(run_dir: Path) -> None:
+    """Make the run folder (and its parents), or raise an OSError saying it cannot and why, and the fix."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # e.g. under /proc, which even root cannot write; a read-only file system
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(run_dir) else ""
+        raise type(error)(f"cannot make the run folder {run_dir}: {error.strerror or error}{where}; choose a "
+                          f"writable out_dir") from None
+
+
 def prepare(run_dir: Path, stale: list[str]) -> None:
     """Make the run folder and remove ``stale`` (from ``claim``): the main rank, before writing."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make(run_dir)
     for name in stale:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
@@ -258,7 +279,7 @@ class RunLock:
     def acquire(self) -> str | None:
         """Take the lock (making the folder), or raise RunFolderLocked naming the holder. Returns a
         line saying so when a dead holder's lock was taken over, else None."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make(self.path.parent)
         identity = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
                     "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": self.token}
         took_over = None
