@@ -93,6 +93,7 @@ def test_a_run_folder_that_cannot_be_made_names_why_and_a_writable_out_dir(byte_
 
 # ---- 4. python -m scripts.plot RUN --out /etc/passwd ----
 
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_plot_refuses_an_out_that_is_a_file_or_cannot_be_written(tmp_path):
     existing = tmp_path / "passwd"
     existing.write_text("root:x:0:0\n")
@@ -115,6 +116,7 @@ def test_verify_of_an_empty_or_missing_folder_says_how_to_prepare_it(tmp_path):
 
 # ---- 6. python -m scripts.bench_batch subnormal --checkpoint X ----
 
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_bench_batch_subnormal_of_a_non_checkpoint_is_a_message(two_runs, tmp_path):
     a = two_runs["A"]
     text = tmp_path / "notes.txt"
@@ -126,6 +128,7 @@ def test_bench_batch_subnormal_of_a_non_checkpoint_is_a_message(two_runs, tmp_pa
         assert message.startswith("bench_batch: --checkpoint ") and words in message
 
 
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_bench_batch_takes_a_run_folder_s_newest_checkpoint(two_runs):
     a, b = two_runs["A"], two_runs["B"]
     result = subprocess.run([sys.executable, "-m", "scripts.bench_batch", "subnormal", "--checkpoint", str(a),

@@ -567,6 +567,7 @@ def test_the_small_batch_figure_is_drawn_where_the_runs_reach_one_sequence(small
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_the_report_of_a_path_that_does_not_exist_says_so(tmp_path):
     missing = tmp_path / "NONEXISTENT"
     result = cli("report", missing)  # (the script as a process: tests import packages, never a script)

@@ -240,6 +240,7 @@ def test_grid_values_go_through_the_schema_when_the_plan_is_made(tmp_path, byte_
     ("overwrite=True", "--resume=False --overwrite=True"),
     ("stop_at_step=5", "--stop_at_step=5"),
 ])
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_an_invocation_flag_in_set_or_grid_is_refused_naming_how_to_pass_it(tmp_path, byte_shards, flag, hint):
     # An invocation flag is what one run of train.py does with its folder, not a point's setting: written
     # into every point it was dropped (overwrite) or stopped the sweep's runs for good (stop_at_step).
@@ -261,6 +262,7 @@ def test_an_invocation_flag_in_set_or_grid_is_refused_naming_how_to_pass_it(tmp_
     assert "--set KEY=VALUE" in sweep("--help").stdout and "invocation flag" in sweep("--help").stdout
 
 
+@pytest.mark.slow  # (seconds: the tool runs several times)
 def test_a_hand_edited_point_is_named_with_both_ways_out_and_dry_run_marks_it(tmp_path, byte_shards):
     base = base_config(tmp_path, byte_shards)
     command = [base, "--name=edit", f"--out-dir={tmp_path}", "--grid=lr=0.003,0.01"]
