@@ -447,6 +447,16 @@ def tokens_above(measurements: list[Measurement], phases: list[tuple[int, int]],
     return above / total
 
 
+def b_star(k: float | None, batch: int, tried: list[float]) -> str:
+    """B* = k x B as a table says it: at the smallest multiplier ``tried`` a bound, <= (a smaller one
+    might have kept up too), at the largest, >= (a larger one might have); "-" where k is None."""
+    if k is None:
+        return "-"
+    ends = len(tried) > 1  # (one multiplier, or none recorded: nothing to bound it by)
+    bound = "<= " if ends and k == tried[0] else ">= " if ends and k == tried[-1] else ""
+    return f"{bound}{k * batch:g}"
+
+
 def table(measurements: list[Measurement], epsilon: float) -> str:
     """The markdown table of the CBS over training: per checkpoint k*, B* and the live B_simple."""
     seeds = max((len(s) for m in measurements for s in m.losses.values()), default=0)
@@ -457,13 +467,6 @@ def table(measurements: list[Measurement], epsilon: float) -> str:
     header += ["B_simple (sequences)", "L_k - L_1 by k"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
-    def b_star(k: float | None, batch: int, tried: list[float]) -> str:
-        """k x B; at the smallest multiplier tried a bound, <= (a smaller one might have kept up too),
-        at the largest, >= (a larger one might have)."""
-        if k is None:
-            return "-"
-        bound = "<= " if k == tried[0] and len(tried) > 1 else ">= " if k == tried[-1] and len(tried) > 1 else ""
-        return f"{bound}{k * batch:g}"
     for m in measurements:
         tried = sorted(m.losses)
         from_one = [k for k in tried if k >= 1]

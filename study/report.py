@@ -390,8 +390,9 @@ def ramp_plan_table(ramps: list[Ramp], measured: dict) -> str | None:
         planned = cbs.ramp(measurements, ramp.phases[0][1])
         for m in measurements:
             before, after = cbs.batch_at(planned, m.tokens - 1), cbs.batch_at(planned, m.tokens)
-            rows.append([ramp.label, str(m.step), f"{m.tokens:,}", f"{m.k_epsilon * m.batch:g}",
-                         "-" if m.k_epsilon_from_one is None else f"{m.k_epsilon_from_one * m.batch:g}", str(before),
+            tried = sorted(m.losses)  # (a B* at either end of the multipliers tried is a bound)
+            rows.append([ramp.label, str(m.step), f"{m.tokens:,}", cbs.b_star(m.k_epsilon, m.batch, tried),
+                         cbs.b_star(m.k_epsilon_from_one, m.batch, [k for k in tried if k >= 1]), str(before),
                          f"yes, to {after}" if after > before else "no",
                          str(cbs.batch_at(ramp.phases, m.tokens))])
     if not rows:

@@ -3,6 +3,7 @@ hand-made loss curves whose answers are known, and branches of a tiny run: plann
 branch refused), trained (the k = 1, seed 0 branch is the parent's own continuation, bitwise),
 measured into the table the report prints and the figures draw; and the command, killed
 (SIGKILL) in a branch, run again: it resumes and prints the uninterrupted table."""
+import dataclasses
 import math
 import os
 import shutil
@@ -178,6 +179,17 @@ def test_the_ramp_table_sets_a_ramp_beside_each_of_its_controls(ramp_arms):
     assert plan == [["4", "1,024", "16", "-", "8", "yes, to 16", "16 |"], ["8", "2,048", "64", "64", "16", "yes, to 32",
                                                                           "32 |"],
                     ["12", "3,072", "16", "-", "32", "no", "32 |"]]
+
+
+def test_the_ramp_plan_prints_a_b_star_at_the_multipliers_ends_as_a_bound(ramp_arms):
+    # Branches at k = 0.25, 1 and 8 of batch 8: a k* of 0.25 only bounds B* from above (<= 2), one of 8
+    # from below (>= 64); over k >= 1 the smallest multiplier is 1 (<= 8).
+    [ramp] = ramps_of(ramp_arms)
+    tried = {k: {0: 3.0} for k in (0.25, 1, 8)}
+    at_ends = [dataclasses.replace(measurement(1024, 0.25, from_one=1), losses=tried),
+               dataclasses.replace(measurement(2048, 8, from_one=8), losses=tried)]
+    plan = ramp_plan_table([ramp], {ramp.arms["constant small"][0].folder: at_ends}).splitlines()[2:]
+    assert [line.split(" | ")[3:5] for line in plan] == [["<= 2", "<= 8"], [">= 64", ">= 64"]]
 
 
 def test_the_equal_loss_table_reads_each_arms_mean_curve(ramp_arms):
