@@ -175,8 +175,9 @@ def test_schedule_free_adamw_under_zero1_takes_each_step_s_lr_as_ddp_does(byte_s
         run_train(*common, f"--run_name={name}", *STRATEGIES[name], nproc=2)
         params[name] = load_model(tmp_path / name / CHECKPOINT_NAME)[0].state_dict()
         losses[name] = [r["train/loss"] for r in read_metrics(tmp_path / name) if "train/loss" in r]
-    assert len(losses["ddp"]) == 4 and losses["zero1"] == losses["ddp"]
-    assert all(torch.equal(params["zero1"][key], value) for key, value in params["ddp"].items())
+    # (the stale lr moved step 2's loss by 2%: held here to float32's rounding, as the other layouts are)
+    assert len(losses["ddp"]) == 4 and losses["zero1"] == pytest.approx(losses["ddp"], rel=1e-6)
+    assert_same_parameters(params["zero1"], params["ddp"], "zero1")
 
 
 def test_a_damaged_sharded_checkpoint_is_a_clear_error_and_its_metadata_builds_nothing(runs, tmp_path):
