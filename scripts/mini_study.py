@@ -7,7 +7,7 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --preset benchmark --archive docs/mini_study/benchmark.tar.xz
     python -m scripts.mini_study --preset llama_cures --archive docs/mini_study/llama_cures.tar.xz
     python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
-    python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz   # 43.8 minutes
+    python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -38,16 +38,17 @@ and protocol; the grid centres are the paper preset's AdamW's and MERIT's. Writt
 runs/mini_study_llama_cures.
 
 ``--preset small_batch``: the small-batch end (Marek et al. 2025, "Small Batch Size Training for
-Language Models"), batches 1, 2, 4, 8 and 32 (``SMALL_BATCH``: AdamW with beta2 by half-life, plain
-SGD and Adafactor at every one, MERIT with beta2 by half-life at 1 and 4, Muon with its AdamW part's
-beta2 by half-life at 4), each step one micro-step (no accumulation: a batch of one sequence cannot
-be split, and accumulation is what the claims weigh small batches against; so no noise scale is
-measured), written to runs/mini_study_small_batch, beside the paper preset's AdamW (fixed betas:
-the control), MERIT and Muon records at 8 to 512 (``BESIDE``, as the benchmark preset). beta2 keeps
-the half-life in tokens of 0.95 at batch 128 (``HALF_LIFE_BATCH``: 0.95 ** (B / 128)). Its report
-and figures add the small-batch section, as scripts/report.py and scripts/plot.py do for any runs
-that reach a batch of one sequence: each point against its optimizer's largest batch and against
-AdamW at the same batch, paired by seed, the range of good lrs, the wall time per token, and
+Language Models") at the authors' settings: no gradient clipping, weight decay 0 below batch 512,
+their betas, lr grids a factor of 2 apart grown (``--extend`` 3) until each choice is interior
+(``SMALL_BATCH``: AdamW with beta2 by half-life, plain SGD and Adafactor at batches 1, 2, 4, 8 and
+32, AdamW with fixed (0.9, 0.95) at 1 and at 512 with weight decay 0.1, the authors' large-batch
+baseline, MERIT with beta2 by half-life at 1 and 4), each step one micro-step (no accumulation: a
+batch of one sequence cannot be split, and accumulation is what the claims weigh small batches
+against; so no noise scale is measured), written to runs/mini_study_small_batch. beta2 keeps the
+half-life in tokens of 0.95 at batch 512 (0.95 ** (B / 512): 0.9999 at batch 1). Its report and
+figures add the small-batch section, as scripts/report.py and scripts/plot.py do for any runs that
+reach a batch of one sequence: each point against its optimizer's largest batch and against AdamW at
+the same batch, paired by seed, the range of good lrs, the wall time per token, and
 ``small_batch.png``. Its runs flush subnormal floats (``flush_denormals``; the comment at PRESETS).
 
 Writes OUT/ (default runs/mini_study): a sweep folder per optimizer and batch (point.py, metrics,
@@ -112,35 +113,37 @@ CURES = {
 }
 # The small-batch end (Marek et al. 2025, "Small Batch Size Training for Language Models": down to
 # one sequence, beta2 held at its half-life in tokens, plain SGD and Adafactor competitive, a wider
-# range of good lrs, accumulation wasteful), below the paper preset's 8 to 512, whose AdamW (fixed
-# (0.9, 0.95): the control), MERIT and Muon records it is placed against (BESIDE). Every second
-# moment's decay here keeps the half-life in tokens it has at HALF_LIFE_BATCH with (0.9, 0.95):
-# beta2 = 0.95 ** (B / 128), 0.9996 at batch 1 (a half-life of 13.5 steps of 128 x 64 tokens, 111k
-# tokens, a tenth of the budget; from 512 it would be 443k, 42% of it, and 0.9999 at batch 1 as the
-# authors' GPT-2 has it). beta1 and Muon's momentum are first moments, the update's direction, and
-# stay (the authors scale beta2 alone: their batch-1 Adam keeps beta1 0.9); Muon's beta2 is its
-# AdamW part's (embeddings, head, vectors). Adafactor's decay_rate (0.9999, the authors') is the
-# exponent of the step count in beta2 = 1 - t ** -decay_rate, not a per-step decay: there is nothing
-# to scale (optim/adafactor.py). Plain SGD: no momentum, no weight decay, the authors' baseline.
-HALF_LIFE_BATCH = REFERENCE_BATCH
+# range of good lrs, accumulation wasteful), at the authors' settings (martin-marek/batch-size,
+# pretraining/configs/base.yaml and runs/gpt2s/optimizer_comp/; docs/results/batch_axis.md lists
+# them): no gradient clipping, weight decay 0 but for AdamW's 0.1 at their large batch (512,
+# SMALL_BATCH_CHANGES_AT), lr grids a factor of 2 apart grown until each choice is interior.
+# AdamW's betas are theirs: (0.9, 0.95) at batch 512, and beta2 by half-life holds 0.95's half-life
+# in tokens at 512 (half_life_batch: 0.95 ** (B / 512), 0.9999 at batch 1, the authors' batch-1
+# beta2; a half-life of 443k tokens, 42% of the budget); beta1 stays 0.9 (their batch-1 Adam keeps
+# it), as MERIT's. "adamw" keeps (0.9, 0.95) at every batch it runs: the authors' large-batch
+# baseline at 512, and at batch 1 the control of the half-life rule. Adafactor's decay_rate (0.9999,
+# the authors') is the exponent of the step count in beta2 = 1 - t ** -decay_rate, not a per-step
+# decay: there is nothing to scale (optim/adafactor.py). Plain SGD: no momentum, no weight decay.
+# The grid centres (at REFERENCE_BATCH, with their exponents in the batch) are read off a first run of
+# this preset's settings: without clipping the best lrs fell with the batch for AdamW with beta2 by
+# half-life (0.0049 at batch 1 to 0.0017 at 32) and SGD (0.23 to 0.11), and rose for Adafactor (0.03
+# to 0.14), MERIT (0.0053 at 1, 0.0106 at 4) and fixed-beta AdamW (0.002 at 1, 0.009-0.019 at 512).
 SMALL_BATCH = {
-    "adamw_halflife": ({"optimizer": "adamw", "batch_half_life_betas": "beta2"}, 3e-3, 0.0),
-    # SGD's and Adafactor's centres: a one-seed pilot of this preset at batches 4 and 32, whose best lrs
-    # did not move with the batch (SGD's 0.5 to 1.6 at 4, 0.5 at 32; Adafactor's 0.045 at both, nine
-    # times the authors' 0.005: here its lr is a step relative to each tensor's RMS, of a smaller model).
-    "sgd": ({"optimizer": "sgd", "weight_decay": 0.0, "optimizer_options": {"momentum": 0.0}}, 0.5, 0.0),
-    "adafactor": ({"optimizer": "adafactor", "weight_decay": 0.0, "optimizer_options": {"decay_rate": 0.9999}},
-                  0.045, 0.0),
-    "merit_halflife": ({"optimizer": "merit", "batch_half_life_betas": "beta2"}, 3e-2, 0.5),
-    # (Muon's centre is its selections' here, 0.015 at batch 8 to 0.06 at 128, not the paper preset's pilot's.)
-    "muon_halflife": ({"optimizer": "muon", "batch_half_life_betas": "beta2"}, 6e-2, 0.5),
+    "adamw": ({"optimizer": "adamw"}, 8.6e-3, 0.3),
+    "adamw_halflife": ({"optimizer": "adamw", "batch_half_life_betas": "beta2"}, 1.2e-3, -0.25),
+    "sgd": ({"optimizer": "sgd", "optimizer_options": {"momentum": 0.0}}, 0.086, -0.2),
+    "adafactor": ({"optimizer": "adafactor", "optimizer_options": {"decay_rate": 0.9999}}, 0.128, 0.3),
+    "merit_halflife": ({"optimizer": "merit", "batch_half_life_betas": "beta2"}, 6e-2, 0.5),
 }
-SMALL_BATCHES = (1, 2, 4, 8, 32)
-# Where an optimizer runs at fewer batches than the preset's (its time: a batch-1 run takes 16,384
-# steps; Muon's Newton-Schulz iterations make each of them about 4x AdamW's on this CPU).
-SMALL_BATCH_ONLY_AT = {"merit_halflife": (1, 4), "muon_halflife": (4,)}
+SMALL_BATCHES = (1, 2, 4, 8, 32, 512)
+# Where an optimizer runs at fewer batches than the preset's: AdamW with fixed betas at the two ends,
+# MERIT at 1 and 4 (its time: a batch-1 run takes 16,384 steps). Muon, whose Newton-Schulz steps
+# take about 4x AdamW's here, is left to the paper preset's batches: the preset's hour holds no more.
+SMALL_BATCH_ONLY_AT = {"adamw": (1, 512), "adamw_halflife": (1, 2, 4, 8, 32), "sgd": (1, 2, 4, 8, 32),
+                       "adafactor": (1, 2, 4, 8, 32), "merit_halflife": (1, 4)}
+SMALL_BATCH_CHANGES_AT = {512: {"weight_decay": 0.1}}  # the authors' AdamW at batch 512; 0 below
 ARCHIVE = ROOT / "docs/mini_study/runs.tar.xz"  # the paper preset's committed records
-BESIDE = ("adamw", "merit", "muon")  # what the benchmark and small_batch presets are placed against, from ARCHIVE
+BESIDE = ("adamw", "merit", "muon")  # what the benchmark preset is placed against, from ARCHIVE
 
 
 class Preset(NamedTuple):
@@ -153,6 +156,10 @@ class Preset(NamedTuple):
     seeds: int  # the default --seeds
     micro_steps: int = 2  # accumulation micro-steps a step (2: the noise scale is measured; 1: none)
     only_at: dict = {}  # {optimizer: the only batches it runs at}
+    changes_at: dict = {}  # {batch: config changes of every point at that batch}
+    lr_factor: float = LR_FACTOR  # between the grid's neighbouring lrs
+    extend: int = 2  # the default --extend
+    half_life_batch: int = REFERENCE_BATCH  # the batch whose decays a half-life rule holds in tokens
 
 
 PRESETS = {
@@ -162,8 +169,10 @@ PRESETS = {
                           (64,), 1),
     # (flush_denormals: MERIT's batch-1 runs at lr 0.00795 and up let their attention logits run to 1e3-1e4, and
     # their subnormal floats then made each step about 4.4x slower: scripts.bench_batch subnormal)
-    "small_batch": Preset(SMALL_BATCH, {}, Path("runs/mini_study_small_batch"), BESIDE, {"flush_denormals": True},
-                          SMALL_BATCHES, 3, micro_steps=1, only_at=SMALL_BATCH_ONLY_AT),
+    "small_batch": Preset(SMALL_BATCH, {}, Path("runs/mini_study_small_batch"), (),
+                          {"grad_clip": 0.0, "weight_decay": 0.0, "min_lr": 0.0, "flush_denormals": True}, SMALL_BATCHES, 3,
+                          micro_steps=1, only_at=SMALL_BATCH_ONLY_AT, changes_at=SMALL_BATCH_CHANGES_AT,
+                          lr_factor=2.0, extend=3, half_life_batch=512),
 }
 
 
@@ -171,13 +180,14 @@ class Studied:
     """One optimizer at one batch: its sweep folder and the points run so far."""
 
     def __init__(self, name: str, changes: dict, batch: int, out: Path, base: Path, overrides: list[str],
-                 tokens: int, block: int, micro_steps: int = 2):
-        self.name, self.batch = name, batch
+                 tokens: int, block: int, preset: Preset):
+        self.name, self.batch, self.preset = name, batch, preset
         self.folder = out / name / f"b{batch}"
-        self.fixed = [*(f"--{k}={v!r}" for k, v in {**changes, **schedule(batch, tokens, block, micro_steps)}.items()),
+        self.fixed = [*(f"--{k}={v!r}" for k, v in {**changes, **preset.changes_at.get(batch, {}),
+                                                    **schedule(batch, tokens, block, preset.micro_steps)}.items()),
                       *overrides]
         self.base = base
-        # The decays it holds at their half-life in tokens from HALF_LIFE_BATCH's (the sweep's rule).
+        # The decays it holds at their half-life in tokens from the preset's half_life_batch's (the sweep's rule).
         self.betas = tuple(name for name in changes.get("batch_half_life_betas", "").split(",") if name)
         self.points: list[sweep.Point] = []
 
@@ -187,7 +197,7 @@ class Studied:
         known = {p.name for p in self.points}
         planned = [point for seed in seeds for point in sweep.plan(
             str(self.base), {"lr": lrs, "seed": [seed]}, [*self.fixed, f"--data_seed={seed}"], self.folder, "none",
-            "none", HALF_LIFE_BATCH if self.betas else None, self.betas)]
+            "none", self.preset.half_life_batch if self.betas else None, self.betas)]
         new = [p for p in planned if p.name not in known]
         sweep.write_points(new, str(self.base), "python -m scripts.mini_study")
         self.points += new
@@ -206,8 +216,8 @@ class Studied:
         if len(grid) >= 3 + extend:
             return []
         if selection is None or selection.lr == grid[0]:
-            return self.add([round_lr(grid[0] / LR_FACTOR)], [0])
-        return self.add([round_lr(grid[-1] * LR_FACTOR)], [0]) if selection.lr == grid[-1] else []
+            return self.add([round_lr(grid[0] / self.preset.lr_factor)], [0])
+        return self.add([round_lr(grid[-1] * self.preset.lr_factor)], [0]) if selection.lr == grid[-1] else []
 
     def seed(self, seeds: list[int]) -> list[sweep.Point]:
         """``seeds`` at the best lr, where it lacks some of them."""
@@ -246,8 +256,8 @@ def main(argv=None) -> None:
                         help="paper: AdamW, LAMB, MERIT, Muon (and two at the largest batch only); benchmark: the "
                              "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon; llama_cures: "
                              "the five logit cures on the small Llama; small_batch: batches down to one sequence "
-                             "(AdamW with beta2 by half-life, SGD, Adafactor, MERIT, Muon), beside the paper "
-                             "preset's AdamW, MERIT and Muon")
+                             "(AdamW with beta2 by half-life, SGD, Adafactor, MERIT) and AdamW at 1 and 512, at "
+                             "Marek et al.'s settings")
     parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark, "
                                                  "runs/mini_study_llama_cures, runs/mini_study_small_batch")
     parser.add_argument("--optimizers", help=f"comma-separated (default: the preset's), of: "
@@ -261,7 +271,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "
                                                   "llama_cures' 1)")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
-    parser.add_argument("--extend", type=int, default=2, help="times a grid may grow past an edge")
+    parser.add_argument("--extend", type=int, help="times a grid may grow past an edge (default: the preset's, 2 or "
+                                                   "small_batch's 3)")
     parser.add_argument("--data-dir", default=DATA, help=f"byte-token shards (default {DATA}, prepared if missing)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, sharing the CPU threads (default 2)")
     parser.add_argument("--archive", type=Path, help="also pack the runs' configs and metrics into this .tar.xz")
@@ -282,6 +293,7 @@ def main(argv=None) -> None:
                  f"{', '.join(known)}, or another --preset")
     batches = sorted(int(b) for b in args.batches.split(",")) if args.batches else list(preset.batches)
     n_seeds = preset.seeds if args.seeds is None else args.seeds
+    extend = preset.extend if args.extend is None else args.extend
     start = time.perf_counter()
     if args.data_dir == DATA and not (ROOT / DATA / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "data.prepare", "shakespeare", "--tokenizer", "byte"], cwd=ROOT,
@@ -291,12 +303,12 @@ def main(argv=None) -> None:
     base = write_base(out, preset, data_dir)
     overrides = [f"--{item}" for item in args.set]
     block = int(dict(item.split("=", 1) for item in args.set).get("block_size", BLOCK))
-    studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block, preset.micro_steps)
+    studied = [Studied(name, known[name][0], batch, out, base, overrides, args.tokens, block, preset)
                for name in names for batch in batches if (name in every_batch or batch == batches[-1])
                and batch in preset.only_at.get(name, (batch,))]
 
     print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
-    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch), [0])]
+    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch, preset.lr_factor), [0])]
     if args.dry_run:
         print(sweep.table(first))
         print(f"mini-study: a dry run: {base} and {len(first)} point files written under {out}, nothing trained")
@@ -304,7 +316,7 @@ def main(argv=None) -> None:
     run(first, args.jobs)
     seeds = list(range(1, n_seeds))
     while True:
-        if grown := [p for s in studied for p in s.grow(args.extend)]:
+        if grown := [p for s in studied for p in s.grow(extend)]:
             print(f"mini-study stage 1: {len(grown)} grids grow past an edge")
             run(grown, args.jobs)
         elif seeded := [p for s in studied for p in s.seed(seeds)]:

@@ -34,11 +34,11 @@ def schedule(batch: int, tokens: int, block: int, micro_steps: int = 2) -> dict:
             "log_interval": max(1, steps // 16)}
 
 
-def lr_grid(centre: float, exponent: float, batch: int) -> list[float]:
-    """Three lrs a factor LR_FACTOR apart around ``centre`` (the lr at REFERENCE_BATCH) scaled to
+def lr_grid(centre: float, exponent: float, batch: int, factor: float = LR_FACTOR) -> list[float]:
+    """Three lrs a ``factor`` apart around ``centre`` (the lr at REFERENCE_BATCH) scaled to
     ``batch`` by (batch ratio) ** ``exponent``, rounded."""
     lr = centre * (batch / REFERENCE_BATCH) ** exponent
-    return [round_lr(lr / LR_FACTOR), round_lr(lr), round_lr(lr * LR_FACTOR)]
+    return [round_lr(lr / factor), round_lr(lr), round_lr(lr * factor)]
 
 
 def round_lr(lr: float) -> float:

@@ -56,9 +56,11 @@ BATCH_SCHEDULE_KEYS = ("warmup_steps", "warmup_tokens", "max_steps")
 # Keys an optimizer may fix for itself (Schedule-Free AdamW takes lr_schedule "constant"): where each
 # optimizer's runs have one value, it goes with the optimizer (the report's notes), not into the labels.
 OPTIMIZER_FIXED_KEYS = ("lr_schedule",)
-# An optimizer's decays a sweep may scale with the batch (--beta-scaling half-life): where each of
-# that optimizer's batches has one value, they go with the batch too.
+# An optimizer's decays a sweep may scale with the batch (--beta-scaling half-life), and its weight
+# decay, which a study may set by the batch (the small-batch authors' 0.1 at batch 512, 0 below):
+# where each of that optimizer's batches has one value, they go with the batch too.
 BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
+BATCH_OPTIMIZER_KEYS = (*BATCH_DECAY_KEYS, "weight_decay")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "z_loss", "attn_logit_softcap", "final_logit_softcap", "batch_size",
@@ -263,7 +265,7 @@ class Study:
             len({dict(r.point).get(key) for r in runs if r.config["optimizer"] == optimizer}) == 1
             for optimizer in self.varying if optimizer is not None)]
         self.with_batch_of = {optimizer: _batch_only([r for r in runs if r.config["optimizer"] == optimizer],
-                                                     keys, BATCH_DECAY_KEYS, by_rule=True)
+                                                     keys, BATCH_OPTIMIZER_KEYS, by_rule=True)
                               for optimizer, keys in self.varying.items() if optimizer is not None}
 
     def label(self, run: Run) -> str:

@@ -7,10 +7,12 @@ import subprocess
 import sys
 import tarfile
 
+import numpy as np
 import pytest
 
 from configs import load_config
-from helpers import ROOT
+from data.shards import write_shard
+from helpers import ROOT, make_text
 
 # Each study's model and evaluations at a size that trains in seconds (--set overrides of every preset).
 TINY_STUDY = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
@@ -121,33 +123,35 @@ def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_
     assert {configs[key]["optimizer"] for key in configs if key[0] == "merit"} == {"merit"}
 
 
-def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by_half_life(tmp_path):
-    """--preset small_batch, planned only (--dry-run): each arm at its batches (MERIT at 1 and 4, Muon at
-    4 only), every point one micro-step a step (micro-batch = batch), the token budget, warmup and
-    evaluations of the mini-study's rule, and the second moments' beta2 at the half-life in tokens
-    of 0.95 at batch 128 (0.95 ** (B / 128)), the first moments' decays as published; SGD without
-    momentum or weight decay, Adafactor at the authors' decay_rate; each grid the centre scaled by
-    (B / 128) ** exponent, x3 apart."""
+def test_the_small_batch_preset_plans_the_authors_settings(tmp_path):
+    """--preset small_batch, planned only (--dry-run), at Marek et al.'s settings: each arm at its
+    batches (AdamW with fixed betas at 1 and 512, MERIT at 1 and 4), every point one micro-step a step
+    (micro-batch = batch), the token budget, warmup and evaluations of the mini-study's rule, cosine to
+    0; no gradient clipping, weight decay 0 but AdamW's 0.1 at batch 512; AdamW's (0.9, 0.95), its
+    beta2 by half-life at 0.95's half-life in tokens at batch 512 (0.95 ** (B / 512): 0.9999 at batch
+    1, the authors' batch-1 beta2), beta1 0.9; SGD without momentum, Adafactor at the authors'
+    decay_rate; each grid the centre scaled by (B / 128) ** exponent, x2 apart."""
     # Each arm's optimizer and grid centre at batch 128 with its exponent in the batch (the preset's, typed here).
-    arms = {"adamw_halflife": ("adamw", 3e-3, 0.0), "sgd": ("sgd", 0.5, 0.0), "adafactor": ("adafactor", 0.045, 0.0),
-            "merit_halflife": ("merit", 3e-2, 0.5), "muon_halflife": ("muon", 6e-2, 0.5)}
+    arms = {"adamw": ("adamw", 8.6e-3, 0.3), "adamw_halflife": ("adamw", 1.2e-3, -0.25), "sgd": ("sgd", 0.086, -0.2),
+            "adafactor": ("adafactor", 0.128, 0.3), "merit_halflife": ("merit", 6e-2, 0.5)}
 
-    def grid(centre, exponent, batch):  # x3 apart around the centre scaled to the batch, 3 significant digits
+    def grid(centre, exponent, batch):  # x2 apart around the centre scaled to the batch, 3 significant digits
         lr = centre * (batch / 128) ** exponent
-        return [float(f"{x:.3g}") for x in (lr / 3, lr, lr * 3)]
+        return [float(f"{x:.3g}") for x in (lr / 2, lr, lr * 2)]
 
     out = tmp_path / "small"
     configs = planned("small_batch", out, tmp_path)
-    assert not (out / "adamw").exists()  # (the paper preset's records are unpacked for the report only)
     batches = {name: sorted({int(batch[1:]) for n, batch, _ in configs if n == name}) for name, _, _ in configs}
-    assert batches == {"adamw_halflife": [1, 2, 4, 8, 32], "sgd": [1, 2, 4, 8, 32], "adafactor": [1, 2, 4, 8, 32],
-                       "merit_halflife": [1, 4], "muon_halflife": [4]}
+    assert batches == {"adamw": [1, 512], "adamw_halflife": [1, 2, 4, 8, 32], "sgd": [1, 2, 4, 8, 32],
+                       "adafactor": [1, 2, 4, 8, 32], "merit_halflife": [1, 4]}
     for (name, batch, point), config in configs.items():
         b = int(batch[1:])
         steps = 1_048_576 // (64 * b)
         assert (config["batch_size"], config["micro_batch_size"], config["max_tokens"]) == (b, b, 1_048_576)
         assert (config["warmup_steps"], config["eval_interval"], config["log_interval"]) == (
             max(5, round(0.05 * steps)), steps // 8, steps // 16)
+        assert (config["lr_schedule"], config["min_lr"], config["grad_clip"]) == ("cosine", 0.0, 0.0)
+        assert config["weight_decay"] == (0.1 if b == 512 else 0.0)
         assert point.endswith("_s0") and config["seed"] == config["data_seed"] == 0
         optimizer, centre, exponent = arms[name]
         assert config["optimizer"] == optimizer
@@ -155,40 +159,56 @@ def test_the_small_batch_preset_plans_its_arms_without_accumulation_and_beta2_by
             grid(centre, exponent, b)
         if name.endswith("_halflife"):
             assert config["batch_half_life_betas"] == "beta2"
-            assert config["beta2"] == pytest.approx(0.95 ** (b / 128), rel=1e-12) and config["beta1"] == 0.9
+            assert config["beta2"] == pytest.approx(0.95 ** (b / 512), rel=1e-12) and config["beta1"] == 0.9
+        elif name == "adamw":
+            assert config["batch_half_life_betas"] == "" and (config["beta1"], config["beta2"]) == (0.9, 0.95)
         else:
             assert config["batch_half_life_betas"] == "" and config["beta1"] is None and config["beta2"] is None
-            assert config["weight_decay"] == 0.0
-    assert {configs[key]["optimizer_options"]["momentum"] for key in configs if key[0] == "muon_halflife"} == {0.95}
     assert {configs[key]["optimizer_options"]["momentum"] for key in configs if key[0] == "sgd"} == {0.0}
     assert {configs[key]["optimizer_options"]["decay_rate"] for key in configs if key[0] == "adafactor"} == {0.9999}
-    assert configs[("adamw_halflife", "b1", "lr0.003_s0")]["beta2"] == pytest.approx(0.9996, abs=1e-4)
+    assert configs[("adamw_halflife", "b1", "lr0.00404_s0")]["beta2"] == pytest.approx(0.9999, abs=1e-6)
 
 
 @pytest.mark.slow  # tiny runs in processes of their own, then the report, the small-batch figure and the archive
-def test_the_small_batch_preset_reports_beside_the_paper_preset_s_records(tmp_path, byte_shards):
-    out, archive = tmp_path / "small", tmp_path / "small_batch.tar.xz"
+def test_the_small_batch_preset_reports_each_point_against_the_authors_large_batch_baseline(tmp_path):
+    # Byte shards whose validation split holds a held-out micro-batch of 512 sequences of 16 tokens
+    # after the validation one (the fixture's is smaller: batch 512 would report no held-out loss).
+    data, out, archive = tmp_path / "data", tmp_path / "small", tmp_path / "small_batch.tar.xz"
+    data.mkdir()
+    for split, n_docs in (("train", 40), ("val", 60)):
+        write_shard(data / f"{split}_000000.bin", np.array(
+            [token for doc in range(n_docs) for token in (256, *make_text(60, 1000 * len(split) + doc).encode())],
+            dtype=np.uint16))
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", "--preset=small_batch", f"--out={out}",
-                             f"--data-dir={byte_shards}", "--optimizers=adamw_halflife,sgd", "--batches=1,2",
-                             "--seeds=2", "--tokens=512", "--extend=0", "--jobs=2", f"--archive={archive}",
-                             *(f"--set={t}" for t in TINY_STUDY)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                             f"--data-dir={data}", "--optimizers=adamw,adamw_halflife,sgd", "--batches=1,512",
+                             "--seeds=2", "--tokens=65536", "--extend=0", "--jobs=2", f"--archive={archive}",
+                             *(f"--set={t}" for t in [*TINY_STUDY, "heldout_tokens=8192"])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = find_runs([archive])
-    trained = [r for r in runs if r.folder.relative_to(archive).parts[0] in ("adamw_halflife", "sgd")]
-    assert all(r.config["micro_batch_size"] == r.batch_size for r in trained)
-    with tarfile.open(archive) as tar:  # (the paper's records read from its archive, not copied into this one)
-        assert {name.split("/")[0] for name in tar.getnames()} == {"adamw_halflife", "sgd", "beside.json"}
+    # AdamW with fixed betas at both ends (weight decay 0.1 at 512 only), the others at batch 1; no
+    # clipping, one micro-step a step; the archive holds this preset's runs alone.
+    assert sorted({(r.folder.relative_to(archive).parts[0], r.batch_size) for r in runs}) == [
+        ("adamw", 1), ("adamw", 512), ("adamw_halflife", 1), ("sgd", 1)]
+    assert all(r.config["micro_batch_size"] == r.batch_size and r.config["grad_clip"] == 0.0 for r in runs)
+    assert all(r.config["weight_decay"] == (0.1 if r.batch_size == 512 else 0.0) for r in runs)
+    with tarfile.open(archive) as tar:
+        assert {name.split("/")[0] for name in tar.getnames()} == {"adamw", "adamw_halflife", "sgd"}
     text = (out / "report.md").read_text()
-    assert report(runs, None, "val/loss", "heldout/loss") == text  # (batch 1: the small-batch section by itself)
+    assert report(runs, None, "val/loss", "heldout/loss") == text
     for heading in ("## Small batches: each point against its optimizer's largest batch",
                     "## Small batches: against AdamW at the same batch", "## Small batches: the range of good lrs",
                     "## Small batches: wall time per token"):
         assert heading in text
-    # Each against its own largest batch, 2 (the paper preset's AdamW trained another model: not its
-    # plain optimizer's point), paired by seed: both seeds at each.
+    # AdamW's weight decay goes with the batch, so both AdamW arms are held against the authors'
+    # baseline at 512, paired by seed (both seeds); SGD ran at batch 1 only: its own reference.
+    assert "adamw's weight_decay goes with the batch (batch 1: 0.0, batch 512: 0.1)." in text
     largest = first_table(text, "## Small batches: each point against its optimizer's largest batch")
-    for label in ("adamw (beta2 by half-life)", "sgd"):
-        row = next(line for line in largest.splitlines() if line.startswith(f"| {label}, "))
-        assert ", batch 2 | " in row and row.count("[") == 2 and "| 1 |" in row
+    for label in ("adamw (beta2 by half-life)", "adamw"):
+        row = next(line for line in largest.splitlines() if line.startswith(f"| {label} | 1 |"))
+        assert "| adamw, batch 512 |" in row and row.count("[") == 2
+    assert "| sgd |" not in largest
+    same = first_table(text, "## Small batches: against AdamW at the same batch")  # (the control, against the half-life)
+    assert next(line for line in same.splitlines() if line.startswith("| adamw | 1 |")).startswith("| adamw | 1 | - | ")
+    assert next(line for line in same.splitlines() if line.startswith("| adamw | 1 |")).count("[") == 1
     assert (out / "figures" / "small_batch.png").is_file()

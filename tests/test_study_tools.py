@@ -521,6 +521,23 @@ def test_the_small_batch_section_holds_the_hand_computed_values(small_batches):
                                             small_batch=False)
 
 
+def test_a_weight_decay_set_by_the_batch_goes_with_the_batch_not_into_the_labels(small_batches):
+    """The small-batch authors' AdamW decays its weights at their large batch only (0.1 there, 0
+    below): a weight decay that takes one value at each batch of a point is said once, batch by batch,
+    as the decays a batch sets are, and the point keeps its label ("adamw", not "adamw,
+    weight_decay=0.1"), so that it is still the reference of AdamW with beta2 by half-life."""
+    for folder in small_batches.iterdir():
+        config = json.loads((folder / "config.json").read_text())
+        config["weight_decay"] = 0.1 if (config["optimizer"], config["batch_size"]) == ("adamw", 32) else 0.0
+        (folder / "config.json").write_text(json.dumps(config))
+    text = report(find_runs([small_batches]), None, "val/loss", "heldout/loss")
+    assert "adamw's weight_decay goes with the batch (batch 8: 0.0, batch 32: 0.1)." in text
+    assert "weight_decay=" not in text
+    largest = first_table(text, "## Small batches: each point against its optimizer's largest batch")
+    assert (f"| adamw (beta2 by half-life) | 1 | {_mean_cell(_heldout('half', 1, 3e-3))} | adamw, batch 32 | "
+            f"{_paired(_heldout('half', 1, 3e-3), _heldout('fixed', 32, 3e-3))} |") in largest
+
+
 def _mean_cell(values: list[float]) -> str:
     n, mean, std = len(values), statistics.fmean(values), statistics.stdev(values)
     return f"{mean:.3f} ± {std:.3f} [±{T_975[n - 1] * std / math.sqrt(n):.3f}]"
