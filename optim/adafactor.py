@@ -28,6 +28,14 @@ to optax, which keeps it in the parameter's dtype) and float64 for float64 ones;
 computed in that dtype (a bfloat16 gradient upcast first) and added to p in it, then rounded to
 p's dtype.
 
+The step runs through the fused operations of optim/backends/ (the C++ kernels on CPU tensors,
+Triton's on CUDA ones, the torch reference elsewhere): u needs the whole tensor's rms of u and of p,
+so it is computed twice and never stored. A factored matrix takes three sweeps (its row means and
+column sums of g*g + 1e-30; the two sums of squares; the write of p), a vector two (v and the sums;
+the write): fewer bytes than fused AdamW's one sweep over p, g, m and v. The kernels round each
+element's operations as the reference does; their sums are taken in double, so the rms (and with
+them the update) differ from the reference's by rounding.
+
 ``torch.optim.Adafactor`` is another algorithm (docs/optimizers.md says how it differs).
 
 Sharded: under ZeRO-1 a rank holds whole parameters. Under FSDP2 a rank holds rows: the unfactored
@@ -45,9 +53,6 @@ from torch import Tensor
 from . import sharding
 from .base import Optimizer, step_counter
 
-_EPSILON = 1e-30  # optax's default, added to g*g; the authors leave it
-
-
 class Adafactor(Optimizer):
     """Adafactor, Marek et al.'s composition of optax (the module docstring has the rule).
 
@@ -60,7 +65,6 @@ class Adafactor(Optimizer):
     for a factored matrix, else "exp_avg_sq" (p's shape). No diagnostics of its own.
     """
 
-    USES_FUSED_OPERATIONS = False  # plain torch, a few vectorised operations per parameter
     # decay_rate is the exponent of the step count in beta = 1 - t ** -decay_rate, not a per-step
     # decay: a batch change (beta' = beta ** (B'/B)) has none of Adafactor's decays to scale.
     BATCH_DECAYS: dict[str, tuple[str, int | None]] = {}
@@ -95,7 +99,7 @@ class Adafactor(Optimizer):
 
     def init_state(self, p: Tensor) -> dict:
         dtype = _state_dtype(p)
-        if not _factored(p.shape, self._group_of(p)["min_dim_size_to_factor"]):
+        if not _factored(p.shape, self.group_of(p)["min_dim_size_to_factor"]):
             return {"step": step_counter(),
                     "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)}
         # Whole on every rank, also for a parameter FSDP2 shards (the module docstring).
@@ -106,51 +110,56 @@ class Adafactor(Optimizer):
 
     def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                shards: sharding.Shards | None) -> None:
-        decay = _decay(int(state["step"]), group["decay_rate"])  # (a CPU counter: no device sync)
-        dtype = _state_dtype(p)
-        g = grad.to(dtype)
-        s = g.square().add_(_EPSILON)  # (its storage then holds the update: one temporary of p's size fewer)
+        # (A CPU counter: no device sync. It counts kept steps: a flagged first step, whose writes
+        # are all dropped, reads 0 and takes step 1's decay.)
+        beta, w = _decay(max(int(state["step"]), 1), group["decay_rate"])
+        ops = self.implementation(group, p, grad)  # (the sums are completed over the ranks here)
         if "exp_avg_sq" in state:
-            v = state["exp_avg_sq"]
-            v.mul_(decay[0]).add_(s, alpha=decay[1])
-            u = torch.rsqrt(v, out=s).mul_(g)  # optax's g * v ** -0.5 (a product commutes)
+            sums = ops.adafactor_unfactored_sums(p, grad, state["exp_avg_sq"], beta=beta, w=w, skip=skip)
         else:
-            u = self._factored_direction(g, s, state, decay, shards)
+            row, col, rows_first = self._factors(ops, grad, state, (beta, w), skip, shards)
+            sums = ops.adafactor_factored_sums(p, grad, row, col, rows_first=rows_first)
         # The whole tensor's sums of squares of u and p (p before the step), completed over the ranks.
-        sums = torch.stack([u.square().sum(), p.to(dtype).square().sum()])
         if shards is not None:
             sums = shards.all_reduce(sums, dist.ReduceOp.SUM)
         numel = p.numel() if shards is None else shards.numel
         u_rms, p_rms = (sums / numel).sqrt().unbind()
-        # optax's three scalings in its order (one factor would save two passes over u, but round otherwise)
-        if group["clipping_threshold"] is not None:
-            u.div_(torch.clamp(u_rms / group["clipping_threshold"], min=1.0))
-        u.mul_(-group["lr"]).mul_(torch.clamp(p_rms, min=group["param_rms_floor"]))
-        p.add_(u)
+        divisor = None if group["clipping_threshold"] is None else torch.clamp(u_rms / group["clipping_threshold"],
+                                                                                min=1.0)
+        scale = torch.clamp(p_rms, min=group["param_rms_floor"])
+        if "exp_avg_sq" in state:
+            ops.adafactor_unfactored_apply(p, grad, state["exp_avg_sq"], divisor=divisor, lr=group["lr"], scale=scale,
+                                           skip=skip)
+        else:
+            ops.adafactor_factored_apply(p, grad, row, col, rows_first=rows_first, divisor=divisor, lr=group["lr"],
+                                         scale=scale, skip=skip)
 
     @staticmethod
-    def _factored_direction(g: Tensor, s: Tensor, state: dict, decay: tuple[float, float],
-                            shards: sharding.Shards | None) -> Tensor:
-        """g scaled by the factored estimate of its rms, written into ``s`` (g*g + epsilon, used up);
-        ``g`` and ``s`` are this rank's rows, ``decay`` is (beta, 1 - beta)."""
+    def _factors(ops, g: Tensor, state: dict, decay: tuple[float, float], skip: Tensor | None,
+                 shards: sharding.Shards | None) -> tuple[Tensor, Tensor, bool]:
+        """The factored statistics r and c updated from this step's ``g`` (this rank's rows;
+        ``decay`` is (beta, 1 - beta)), and u's factors from them: (this rank's rows' factors, the
+        columns', whether the rows' comes first: optax's order, the shorter side's factor,
+        normalised, first)."""
         r, c = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
         rows, first = r.shape[0], 0 if shards is None else shards.first_row
         local = slice(first, first + g.shape[0])
-        row_means, col_sums = s.mean(dim=1), s.sum(dim=0)
+        row_means, col_sums = ops.adafactor_statistics(g)
         if shards is not None:  # one collective: the row means at their rows (zeros elsewhere), the column sums
-            both = s.new_zeros(rows + col_sums.shape[0])
+            both = row_means.new_zeros(rows + col_sums.shape[0])
             both[local] = row_means
             both[rows:] = col_sums
             shards.all_reduce(both, dist.ReduceOp.SUM)
             row_means, col_sums = both[:rows], both[rows:]
-        r.mul_(decay[0]).add_(row_means, alpha=decay[1])
-        c.mul_(decay[0]).add_(col_sums / rows, alpha=decay[1])
-        if rows <= c.shape[0]:  # optax's order: the shorter side's factor, normalised, first
-            return torch.mul(g, (r / r.mean()).rsqrt()[local, None], out=s).mul_(c.rsqrt()[None, :])
-        return torch.mul(g, (c / c.mean()).rsqrt()[None, :], out=s).mul_(r.rsqrt()[local, None])
+        for statistic, value in ((r, row_means), (c, col_sums / rows)):
+            new = statistic if skip is None else statistic.clone()
+            new.mul_(decay[0]).add_(value, alpha=decay[1])
+            if skip is not None:  # (kept on the device where the step is dropped: no host sync)
+                torch.where(skip == 0, new, statistic, out=statistic)
+        if rows <= c.shape[0]:
+            return (r / r.mean()).rsqrt()[local].contiguous(), c.rsqrt(), True
+        return r.rsqrt()[local].contiguous(), (c / c.mean()).rsqrt(), False
 
-    def _group_of(self, p: Tensor) -> dict:
-        return next(group for group in self.param_groups if any(q is p for q in group["params"]))
 
 
 def _factored(shape: torch.Size, min_dim_size_to_factor: int) -> bool:

@@ -186,6 +186,10 @@ class Optimizer(TrainingHooks, torch.optim.Optimizer):
     def init_state(self, p: Tensor) -> dict:
         raise NotImplementedError
 
+    def group_of(self, p: Tensor) -> dict:
+        """The param group that holds p (an ``init_state`` reads its options)."""
+        return next(group for group in self.param_groups if any(q is p for q in group["params"]))
+
     def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
                shards: sharding.Shards | None) -> None:
         raise NotImplementedError

@@ -51,9 +51,6 @@ class HiddenMatricesAndAdamW(Optimizer):
         if not h["adamw_weight_decay"] >= 0.0:
             raise ValueError(f"Invalid adamw_weight_decay: {h['adamw_weight_decay']} (must be >= 0)")
 
-    def group_of(self, p: Tensor) -> dict:
-        return next(group for group in self.param_groups if any(q is p for q in group["params"]))
-
     @staticmethod
     def adamw_state(p: Tensor) -> dict:
         """A new parameter's AdamW state, as torch's fused AdamW keeps it."""

@@ -1,25 +1,30 @@
-"""SGD: torch's own ``torch.optim.SGD`` (docs/optimizers.md, "SGD") with the training-loop protocol.
+"""SGD as ``torch.optim.SGD`` steps it (docs/optimizers.md, "SGD"), through one fused sweep.
 
 Marek et al. 2025 ("Small Batch Size Training for Language Models"; martin-marek/batch-size,
 ``pretraining/optimizer.py``) run SGD as optax's ``trace(decay=b1)`` (none without b1), then the
 scheduled lr, and no weight decay: ``buf = momentum*buf + g; p = p - lr*buf``, torch's SGD with
-no dampening and no Nesterov, which this is. The step is torch's, untouched, on torch's default
-implementation (a for-loop on CPU, foreach on CUDA), so it is bitwise ``torch.optim.SGD`` in every
-dtype: torch's fused SGD rounds bfloat16 and float16 parameters differently (measured on CPU), so
-it is not used, and a step with a non-finite gradient is dropped on the host (``step_unless``
-reads the flag: one sync).
+no dampening and no Nesterov, which this is.
+
+The step is the fused ``sgd_step`` of optim/backends/ (the C++ kernel on CPU tensors, Triton's on
+CUDA ones, the torch reference elsewhere): one sweep over p, g and the buffer. It computes torch's
+for-loop step operation for operation, each ``add`` with an alpha a fused multiply-add as torch's
+is, so it is ``torch.optim.SGD`` bitwise in float32 and float64; in bfloat16 it is torch's
+vectorised loop, whose scalar tails round a product more (docs/optimizers.md, "SGD"). The
+momentum buffer starts at zero, where torch clones the first step's direction d into it:
+0*momentum + d is d, the same floats but for the sign of a zero d. A step with a non-finite
+gradient is dropped on the device (``skip``), with no host sync.
 
 ``weight_decay`` is torch SGD's: ``g = g + wd*p`` before the momentum (an L2 term, coupled), not
 the decoupled decay of the other optimizers here; with momentum 0 it is the same step as a
 decoupled ``p = p*(1 - lr*wd)``. The authors run none (their code asserts it).
 """
-import torch
+from torch import Tensor
 
-from .backends import check_setting
-from .protocol import TrainingHooks
+from . import sharding
+from .base import Optimizer, zeros_like
 
 
-class SGD(TrainingHooks, torch.optim.SGD):
+class SGD(Optimizer):
     """``torch.optim.SGD(params, lr, momentum, weight_decay=weight_decay)``; no diagnostics of its own.
 
     ``momentum`` in [0, 1) (torch takes any momentum >= 0; a momentum of 1 or more never forgets a
@@ -31,20 +36,22 @@ class SGD(TrainingHooks, torch.optim.SGD):
 
     def __init__(self, params, *, lr: float, weight_decay: float = 0.0, momentum: float = 0.0,
                  backend: str = "auto"):
-        check_setting(backend)
-        if backend not in ("auto", "torch"):
-            raise ValueError(f"optim_backend={backend!r} does not apply to SGD, which runs torch's own SGD: "
-                             f"use 'auto' or 'torch'")
-        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum}, backend=backend)
 
-    def add_param_group(self, param_group: dict) -> None:
-        # Every group, the defaults' included (torch's __init__ adds them here), before it joins;
-        # written as "not (valid)" so that NaN is refused too.
-        h = {**self.defaults, **param_group}
-        if not h["lr"] >= 0.0:
-            raise ValueError(f"Invalid learning rate: {h['lr']} (must be >= 0)")
+    def check_options(self, h: dict) -> None:
         if not 0.0 <= h["momentum"] < 1.0:
             raise ValueError(f"Invalid momentum value: {h['momentum']} (must be in [0, 1))")
-        if not h["weight_decay"] >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {h['weight_decay']} (must be >= 0)")
-        super().add_param_group(param_group)
+
+    def init_state(self, p: Tensor) -> dict:
+        # (A parameter without a buffer has an empty state, made again at each step, so without
+        # momentum this is asked every step: it looks p's group up only where a group has one. A
+        # momentum resumed from 0 to nonzero gets its buffer then.)
+        if all(group["momentum"] == 0 for group in self.param_groups) or self.group_of(p)["momentum"] == 0:
+            return {}
+        return {"momentum_buffer": zeros_like(p)}
+
+    def update(self, p: Tensor, grad: Tensor, state: dict, group: dict, index: int, skip: Tensor | None,
+               shards: sharding.Shards | None) -> None:
+        buf = state.get("momentum_buffer") if group["momentum"] != 0 else None
+        self.implementation(group, *(t for t in (p, grad, buf) if t is not None)).sgd_step(
+            p, grad, buf, lr=group["lr"], momentum=group["momentum"], wd=group["weight_decay"], skip=skip)

@@ -49,7 +49,8 @@ def main() -> None:
         return
     # Muon's Newton-Schulz in the dtype "auto" does not pick too, to see the choice's numbers.
     other = "float32" if default_ns_dtype(device) == torch.bfloat16 else "bfloat16"
-    names = [*optim.available(), f"muon ns {other}", "sgd momentum 0.9", "naive merit"]
+    names = [*optim.available(), f"muon ns {other}", "sgd momentum 0.9", "sgd (torch fused)",
+             "sgd momentum 0.9 (torch fused)", "naive merit"]
     if args.only:
         unknown = set(args.only) - set(names)
         if unknown:

@@ -5,14 +5,16 @@
                                                         # interpreter, small shapes (a test runs this)
 
 1. optimizers: MERIT (and its ablations), LAMB (and its flags), Lion, Sophia-G, AdEMAMix, Schedule-Free
-   AdamW and MARS take 20 steps (4 with --quick) on their Triton kernels (optim_backend "triton") and, from the same
-   start, on the torch reference ("torch") on the same device and dtype, and in float64 on the CPU; fp32 and
-   bf16. Every other step goes through ``step_unless`` with a zero found_inf flag on the device
-   (nonfinite="skip"'s path; but for LAMB's bias_correction and AdEMAMix, which read their step counters,
-   and Schedule-Free, which reads the flag, on the host). On CUDA the Triton steps run under
+   AdamW, MARS, SGD (with momentum and without) and Adafactor take 20 steps (4 with --quick) on their
+   Triton kernels (optim_backend "triton") and, from the same start, on the torch reference ("torch")
+   on the same device and dtype, and in float64 on the CPU; fp32 and bf16. Every other step goes
+   through ``step_unless`` with a zero found_inf flag on the device (nonfinite="skip"'s path; but for
+   LAMB's bias_correction, AdEMAMix and Adafactor, which read their step counters, and Schedule-Free,
+   which reads the flag, on the host). On CUDA the Triton steps run under
    torch.cuda.set_sync_debug_mode("error"): a host sync fails them.
 2. speed (CUDA only): scripts/bench_optim.py's ratios to torch.optim.AdamW(fused=True) on GPT-2
-   Small shapes, fp32 and bf16, for the paper's optimizers and the 2025 benchmark's.
+   Small shapes, fp32 and bf16, for the paper's optimizers, the 2025 benchmark's and the small-batch
+   study's (SGD, with momentum and without, and Adafactor).
 3. model: training steps (forward, backward, MERIT step) of GPT-2 Small (block 1024, batch 16) and
    Llama-130M (block 256, batch 64: the paper's sequences) under bf16 autocast, with SDPA's flash
    kernel on CUDA, eager and torch.compile'd (CUDA): their losses agree; ms/step, tokens/s, MFU.
@@ -34,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from optim import LAMB, MARS, MERIT, AdEMAMix, AdamWScheduleFree, Lion, SophiaG
+from optim import LAMB, MARS, MERIT, SGD, Adafactor, AdEMAMix, AdamWScheduleFree, Lion, SophiaG
 from training.metrics import peak_bf16_flops
 
 # Each maker takes (params, backend).
@@ -57,8 +59,12 @@ OPTIMIZERS = {
     "mars": lambda ps, b: MARS([{"params": [p for p in ps if p.ndim == 2], "hidden_matrix": True},
                                 {"params": [p for p in ps if p.ndim != 2], "hidden_matrix": False}],
                                lr=3e-3, weight_decay=0.1, backend=b),
+    "sgd": lambda ps, b: SGD(ps, lr=0.2, backend=b),
+    "sgd momentum": lambda ps, b: SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.1, backend=b),
+    "adafactor": lambda ps, b: Adafactor(ps, lr=0.01, decay_rate=0.9999, backend=b),
 }
-HOST_READS = ("lamb bias correction", "ademamix", "adamw schedulefree")  # (a step counter or the flag: not flagged)
+# (a step counter or the flag read on the host: not flagged)
+HOST_READS = ("lamb bias correction", "ademamix", "adamw schedulefree", "adafactor")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # max |diff| / max |reference|, vs the torch reference
 failures = []
 results = {}  # every measured number, written to --json
@@ -103,7 +109,8 @@ class syncs_forbidden:
 
 
 def check_optimizers(device: torch.device, quick: bool) -> None:
-    shapes = [(40, 300), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
+    # (a quick matrix of sides >= 128: Adafactor factors it)
+    shapes = [(130, 140), (7,)] if quick else [(2304, 768), (768, 3072), (1024, 768), (768,), (2304,)]
     steps = 4 if quick else 20
     for name, make in OPTIMIZERS.items():
         flagged = name not in HOST_READS
@@ -129,7 +136,7 @@ def check_speed(device: torch.device) -> None:
 
     for dtype in (torch.float32, torch.bfloat16):
         for name in ("merit", "lamb", "lion", "sophiag", "adamw", "muon", "dmuon", "ademamix", "mars", "soap",
-                     "adamw_schedulefree"):
+                     "adamw_schedulefree", "sgd", "sgd momentum 0.9", "adafactor"):
             ms, base, ratio, newton_schulz_ms, state = bench_optim.bench(name, device, dtype, steps=20, warmup=3)
             share = f", Newton-Schulz {newton_schulz_ms:.2f} ms" if newton_schulz_ms is not None else ""
             print(f"      speed {name:<18} {str(dtype).removeprefix('torch.'):<9}{ms:8.2f} ms/step, "

@@ -64,13 +64,16 @@ def make_optimizer(name: str, groups: list[dict], backend: str) -> torch.optim.O
         return torch.optim.AdamW(groups, lr=1e-4, fused=True)
     if name == "naive merit":
         return NaiveMERIT(groups, lr=1e-4)
+    if name.endswith(" (torch fused)"):  # torch's own fused SGD: the bar for ours
+        momentum = float(name.removesuffix(" (torch fused)").partition(" momentum ")[2] or 0.0)
+        return torch.optim.SGD(groups, lr=1e-4, momentum=momentum, weight_decay=0.0, fused=True)
     name, _, ns_dtype = name.partition(" ns ")  # e.g. "muon ns float32": Muon's other iteration dtype
     name, _, momentum = name.partition(" momentum ")  # "sgd momentum 0.9": SGD with its momentum buffer
     options = {**({"ns_dtype": ns_dtype} if ns_dtype else {}), **({"momentum": float(momentum)} if momentum else {})}
     weight_decay = 0.0 if name == "adafactor" else 0.1  # (Marek et al.'s Adafactor refuses a decay)
     groups = [{**group, "weight_decay": min(group["weight_decay"], weight_decay)} for group in groups]
     return optim.build(name, groups, lr=1e-4, weight_decay=weight_decay, batch_tokens=480 * 1024, run_steps=10_000,
-                       backend="auto" if name in ("adamw", "sgd") else backend, **options)  # (those two: torch's)
+                       backend="auto" if name == "adamw" else backend, **options)  # (AdamW: torch's)
 
 
 def make_params(device: torch.device, dtype: torch.dtype) -> tuple[list[torch.nn.Parameter], list[dict]]:

@@ -57,6 +57,20 @@ def require_backend(name: str) -> str:
     return name
 
 
+def bitwise_but_in_bfloat16(dtype: torch.dtype):
+    """``same(ours, theirs, what)``: bitwise equal, but in bfloat16 within a few of its roundings
+    at the tensor's scale (4 units in the last place of its largest element: a sum that cancels
+    keeps the rounding of its terms), where a fused kernel follows torch's vectorised loop and
+    torch's own scalar tails round otherwise (kernels/csrc/sgd.cpp)."""
+    def same(ours: torch.Tensor, theirs: torch.Tensor, what) -> None:
+        if dtype == torch.bfloat16:
+            scale = theirs.abs().max().float().item()
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=4 * 2.0 ** -8 * scale, msg=lambda m: f"{what}: {m}")
+        else:
+            assert torch.equal(ours, theirs), what
+    return same
+
+
 def run_train(*args: str, nproc: int = 1, cwd: Path = ROOT, timeout: int = 300,
               check: bool = True) -> subprocess.CompletedProcess:
     """Run train.py in a subprocess (torchrun with gloo when nproc > 1); fail with its output if `check`."""

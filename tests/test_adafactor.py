@@ -2,7 +2,8 @@
 (martin-marek/batch-size, pretraining/optimizer.py: ``scale_by_factored_rms``, ``clip_by_block_rms``,
 ``scale_by_learning_rate``, ``scale_by_param_block_rms``, applied with ``optax.apply_updates``), in
 float64 (jax's x64 mode) and float32, over steps of a changing lr, on matrices either side of
-min_dim_size_to_factor 128; and the checks of its settings. (Under DDP, ZeRO-1 and FSDP2:
+min_dim_size_to_factor 128, on every backend of its fused sweeps (the C++ and Triton kernels, the
+torch reference); and the checks of its settings. (Under DDP, ZeRO-1 and FSDP2:
 tests/test_sharded.py.)"""
 import jax
 import jax.numpy as jnp
@@ -45,11 +46,11 @@ def optax_adafactor(decay_rate: float, lrs: list[float]) -> optax.GradientTransf
                        optax.scale_by_param_block_rms())
 
 
-def run_both(dtype: torch.dtype, decay_rate: float) -> tuple[list[torch.Tensor], ...]:
-    """(the initial parameters, ours after STEPS, optax's after STEPS)."""
+def run_both(dtype: torch.dtype, decay_rate: float, backend: str = "auto") -> tuple[list[torch.Tensor], ...]:
+    """(the initial parameters, ours after STEPS on ``backend``, optax's after STEPS)."""
     params, grads = problem(dtype)
     ours = [torch.nn.Parameter(p.clone()) for p in params]
-    opt = optim.build("adafactor", ours, lr=LRS[0], decay_rate=decay_rate)
+    opt = optim.build("adafactor", ours, lr=LRS[0], decay_rate=decay_rate, backend=backend)
     assert {key: opt.defaults[key] for key in ("min_dim_size_to_factor", "clipping_threshold", "param_rms_floor")} \
         == {"min_dim_size_to_factor": 128, "clipping_threshold": 1.0, "param_rms_floor": 1e-3}  # (the published)
     theirs = [jnp.asarray(p.numpy()) for p in params]
@@ -84,9 +85,9 @@ def test_the_problem_clips_some_updates_and_floors_a_parameter_s_rms():
 
 @pytest.mark.parametrize("decay_rate", [0.8, 0.9999])  # optax's default, the authors' GPT-2 value
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_adafactor_is_optax_composed_as_the_authors_compose_it(dtype, decay_rate):
+def test_adafactor_is_optax_composed_as_the_authors_compose_it(dtype, decay_rate, backend):
     with jax.enable_x64(dtype == torch.float64):
-        initial, ours, theirs = run_both(dtype, decay_rate)
+        initial, ours, theirs = run_both(dtype, decay_rate, backend)
     for p0, p, q, shape in zip(initial, ours, theirs, SHAPES):
         moved = (q.double() - p0.double()).abs().max().item()
         assert moved > 1e-4 * p0.abs().max().item(), shape  # every parameter moved, the floored one too
@@ -165,17 +166,25 @@ def test_beta2_is_optax_s_schedule_rounded_to_float32():
                 assert one_minus_beta == np.float32(1.0) - np.float32(beta)
 
 
-def test_a_flagged_step_is_dropped_on_the_host():
-    """No fused operations (plain torch): ``step_unless`` reads the flag, a flagged step changes nothing."""
-    p = torch.nn.Parameter(torch.randn(130, 140, generator=torch.Generator().manual_seed(0)))
-    opt = optim.build("adafactor", [p], lr=0.01)
-    assert not opt._step_supports_amp_scaling and opt.backends() == {"group0": "torch"}
-    p.grad = torch.ones_like(p)
+@pytest.mark.parametrize("shape", [(130, 140), (64, 30)])  # factored, and not
+def test_a_flagged_step_is_dropped_on_the_device(backend, shape):
+    """The fused operations take the flag: a flagged step changes nothing (p, its statistics, its
+    step count), so the next step is the first, as a twin's that never saw the flag."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(shape, generator=gen))
+    twin = torch.nn.Parameter(p.detach().clone())
+    opt, twin_opt = (optim.build("adafactor", [q], lr=0.01, backend=backend) for q in (p, twin))
+    assert opt._step_supports_amp_scaling
+    p.grad = torch.randn(shape, generator=gen)
+    twin.grad = p.grad.clone()
     before = p.detach().clone()
     opt.step_unless(torch.tensor(True))
-    assert torch.equal(p.detach(), before) and not opt.state[p]
+    assert torch.equal(p.detach(), before) and opt.state[p]["step"].item() == 0
+    assert all(not t.any() for key, t in opt.state[p].items())  # (the statistics still zero)
     opt.step_unless(torch.tensor(False))
-    assert not torch.equal(p.detach(), before) and opt.state[p]["step"].item() == 1
+    twin_opt.step()
+    assert torch.equal(p.detach(), twin.detach()) and not torch.equal(p.detach(), before)
+    assert opt.state[p]["step"].item() == 1
 
 
 def test_weight_decay_is_refused_and_the_options_are_checked():

@@ -261,7 +261,9 @@ def test_mars_steps_what_the_kernels_do_not_take_with_the_reference():
     torch.testing.assert_close(params[1], twins[1], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("op", [*(f"{op}_step" for op in OPS), "mars_correction"])
+@pytest.mark.parametrize("op", [*(f"{op}_step" for op in OPS), "mars_correction", "sgd_step", "adafactor_statistics",
+                                "adafactor_factored_sums", "adafactor_factored_apply", "adafactor_unfactored_sums",
+                                "adafactor_unfactored_apply"])
 def test_every_backend_implements_the_declared_signature(op):
     declared = inspect.signature(getattr(backends.Backend, op), eval_str=True)
     declared = declared.replace(parameters=list(declared.parameters.values())[1:])  # without self

@@ -15,7 +15,7 @@ from torch import nn
 
 import optim
 from helpers import ROOT, require_backend
-from optim import LAMB, MARS, MERIT, AdamWScheduleFree, AdEMAMix, Lion, SophiaG, backends
+from optim import LAMB, MARS, MERIT, SGD, Adafactor, AdamWScheduleFree, AdEMAMix, Lion, SophiaG, backends
 from optim.backends import reference, triton
 
 # Compiles the recorded configurations (argv[1], JSON) for sm_90, as Triton does before a launch
@@ -87,9 +87,13 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                lambda ps: AdamWScheduleFree(ps, lr=0.1, **on)]
     makers += [lambda ps: MARS([{"params": ps[:1], "hidden_matrix": True}, {"params": ps[1:], "hidden_matrix": False}],
                                lr=0.1, weight_decay=0.1, **on)]  # (its correction: the vector takes torch's AdamW)
+    makers += [lambda ps: SGD(ps, lr=0.1, **on), lambda ps: SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1, **on),
+               lambda ps: Adafactor(ps, lr=0.1, **on), lambda ps: Adafactor(ps, lr=0.1, clipping_threshold=None, **on)]
+    factoring = makers[-2:]  # (given a matrix of sides >= 128 too: Adafactor factors it)
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         for make in makers:
-            params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in ((6, 20), (7,))]
+            shapes = ((6, 20), (7,), *([(128, 130)] if make in factoring else []))
+            params = [nn.Parameter(torch.randn(s, dtype=dtype)) for s in shapes]
             opt = make(params)
             # MERIT counts clipped elements on diagnostic steps; a found_inf flag masks the stores
             # (the kernels differ in that only, so float32's flagged variants are compiled).
@@ -108,7 +112,8 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
                              eps=1e-8, skip=torch.tensor(False))
     configs = list(launches.values())
     assert {c["kernel"] for c in configs} == {"moments_and_norms", "trust_ratios", "apply_update", "lion_step",
-                                              "sophia_step", "ademamix_step", "schedulefree_step", "mars_correction"}
+                                              "sophia_step", "ademamix_step", "schedulefree_step", "mars_correction",
+                                              "sgd_step", "adafactor_statistics", "adafactor_sums", "adafactor_apply"}
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compile every one, here
@@ -119,7 +124,11 @@ def test_every_launch_compiles_for_sm90_with_exact_arithmetic(monkeypatch, tmp_p
     assert len(report) == len(configs)
     for entry in report:
         assert entry["cubin_bytes"] > 0
-        assert entry["inexact"] == [], entry  # no approximate division / sqrt, no contracted FMA
+        # No approximate division / sqrt, no contracted FMA: an FMA only where torch's add(..., alpha=)
+        # computes one (SGD's step, Adafactor's v), asked for with tl.fma (IEEE: fma.rn).
+        fused = {op for op in entry["inexact"] if op.startswith("fma.rn.")}
+        assert entry["inexact"] == sorted(fused) and (not fused or entry["config"]["kernel"] in (
+            "sgd_step", "adafactor_sums")), entry
     # The divisions and square roots that are there are the IEEE ones, in each compute type.
     ieee = set().union(*(entry["ieee"] for entry in report))
     assert {"div.rn.f32", "div.rn.f64", "sqrt.rn.f32", "sqrt.rn.f64"} <= ieee
@@ -155,7 +164,7 @@ def test_check_cuda_script_runs_its_checks_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     optimizer_checks = [line for line in lines if line.startswith("PASS  optimizer ")]
-    assert len(optimizer_checks) == 2 * 12  # fp32 and bf16 for each optimizer and ablation
+    assert len(optimizer_checks) == 2 * 15  # fp32 and bf16 for each optimizer and ablation
     for family in ("gpt2", "llama_130m"):
         assert any(line.startswith(f"PASS  model {family} eager bf16 train step") for line in lines)
     assert lines[-1] == "all checks passed"

@@ -21,17 +21,6 @@
 
 namespace {
 
-void check_like(const at::Tensor& p, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
-                  t.is_contiguous(),
-              "adam-family step: tensors must be contiguous CPU tensors of p's dtype and shape");
-}
-
-template <typename scalar_t>
-typename Storage<scalar_t>::raw* raw_ptr(const at::Tensor& t) {
-  return reinterpret_cast<typename Storage<scalar_t>::raw*>(t.data_ptr<scalar_t>());
-}
-
 // AdEMAMix's coefficients in the compute type.
 template <typename op_t>
 struct AdemamixCoef {
@@ -91,7 +80,7 @@ void schedulefree_span(raw* __restrict Y, const raw* __restrict G, raw* __restri
 void ademamix_step(at::Tensor p, const at::Tensor& g, at::Tensor m1, at::Tensor m2, at::Tensor v, double lr,
                    double wd, double beta1, double beta2, double beta3, double alpha, double bias_correction1,
                    double bias_correction2, double eps) {
-  for (const at::Tensor& t : {g, m1, m2, v}) check_like(p, t);
+  for (const at::Tensor& t : {g, m1, m2, v}) check_like(p, t, "adam-family step");
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, p.scalar_type(), "ademamix_step", [&] {
     using op_t = typename Storage<scalar_t>::op_t;
     const AdemamixCoef<op_t> c{op_t(beta1), op_t(1 - beta1), op_t(beta3), op_t(1 - beta3), op_t(beta2),
@@ -108,7 +97,7 @@ void ademamix_step(at::Tensor p, const at::Tensor& g, at::Tensor m1, at::Tensor 
 
 void schedulefree_step(at::Tensor y, const at::Tensor& g, at::Tensor z, at::Tensor v, double lr, double y_lr,
                        double ckp1, double wd, double beta2, double bias_correction2, double eps) {
-  for (const at::Tensor& t : {g, z, v}) check_like(y, t);
+  for (const at::Tensor& t : {g, z, v}) check_like(y, t, "adam-family step");
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, y.scalar_type(), "schedulefree_step", [&] {
     using op_t = typename Storage<scalar_t>::op_t;
     const ScheduleFreeCoef<op_t> c{op_t(beta2), op_t(1 - beta2), op_t(bias_correction2), op_t(eps), op_t(wd),
@@ -141,7 +130,7 @@ acc_t mars_span(raw* __restrict G, raw* __restrict G_prev, int64_t n, op_t scale
 // The sum of squares is taken per span in acc_t (double; float for bfloat16, which GCC does not
 // vectorise when converted on to double), over the whole tensor in double, as trust_ratio.cpp's l2 norms.
 at::Tensor mars_correction(at::Tensor g, at::Tensor g_prev, double scale, bool keep) {
-  for (const at::Tensor& t : {g, g_prev}) check_like(g, t);
+  for (const at::Tensor& t : {g, g_prev}) check_like(g, t, "adam-family step");
   at::Tensor total;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, g.scalar_type(), "mars_correction", [&] {
     using op_t = typename Storage<scalar_t>::op_t;

@@ -1,7 +1,9 @@
-// What the kernels of this directory share: element storage and conversion, lerp as torch
-// computes it, and the parallel grain. kernels/__init__.py builds them into one extension.
+// What the kernels of this directory share: element storage and conversion, the checks of the
+// tensors and their raw pointers, lerp as torch computes it, and the parallel grain.
+// kernels/__init__.py builds them into one extension.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
@@ -42,6 +44,19 @@ struct Storage<c10::BFloat16> {  // c10's conversions (round to nearest even), o
   }
   static float round(float x) { return load(store(x)); }
 };
+
+// The storage of a tensor of scalar_t, as the kernels read and write it.
+template <typename scalar_t>
+typename Storage<scalar_t>::raw* raw_ptr(const at::Tensor& t) {
+  return reinterpret_cast<typename Storage<scalar_t>::raw*>(t.data_ptr<scalar_t>());
+}
+
+// ``op`` fails unless t is a contiguous CPU tensor of p's dtype and shape.
+inline void check_like(const at::Tensor& p, const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
+                  t.is_contiguous(),
+              op, ": tensors must be contiguous CPU tensors of p's dtype and shape");
+}
 
 // a + w * (b - a), rounded as torch's lerp (ATen/native/Lerp.h): the form depends on |w| < 0.5.
 template <typename T>

@@ -14,12 +14,6 @@
 
 namespace {
 
-void check_like(const at::Tensor& p, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
-                  t.is_contiguous(),
-              "sign step: tensors must be contiguous CPU tensors of p's dtype and shape");
-}
-
 // Elements [0, n) of Lion's step: p = p*(1 - lr*wd); p -= lr * sign(lerp(m, g, 1-b1));
 // m = lerp(m, g, 1-b2). The coefficients are in the compute type.
 template <typename scalar_t, typename op_t, typename raw>
@@ -56,15 +50,10 @@ void sophia_span(raw* __restrict P, const raw* __restrict G, raw* __restrict M, 
   }
 }
 
-template <typename scalar_t>
-typename Storage<scalar_t>::raw* raw_ptr(const at::Tensor& t) {
-  return reinterpret_cast<typename Storage<scalar_t>::raw*>(t.data_ptr<scalar_t>());
-}
-
 void lion_step(at::Tensor p, const at::Tensor& g, at::Tensor m, double lr, double wd, double beta1,
                double beta2) {
-  check_like(p, g);
-  check_like(p, m);
+  check_like(p, g, "sign step");
+  check_like(p, m, "sign step");
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, p.scalar_type(), "lion_step", [&] {
     using op_t = typename Storage<scalar_t>::op_t;
     auto P = raw_ptr<scalar_t>(p), G = raw_ptr<scalar_t>(g), M = raw_ptr<scalar_t>(m);
@@ -77,9 +66,9 @@ void lion_step(at::Tensor p, const at::Tensor& g, at::Tensor m, double lr, doubl
 
 void sophia_step(at::Tensor p, const at::Tensor& g, at::Tensor m, const at::Tensor& h, double lr, double wd,
                  double beta1, double scale, double eps) {
-  check_like(p, g);
-  check_like(p, m);
-  check_like(p, h);
+  check_like(p, g, "sign step");
+  check_like(p, m, "sign step");
+  check_like(p, h, "sign step");
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, p.scalar_type(), "sophia_step", [&] {
     using op_t = typename Storage<scalar_t>::op_t;
     auto P = raw_ptr<scalar_t>(p), G = raw_ptr<scalar_t>(g), M = raw_ptr<scalar_t>(m), H = raw_ptr<scalar_t>(h);

@@ -214,19 +214,14 @@ std::vector<at::Tensor> pass1_rows_cols(const Pass1<scalar_t>& k, const at::Tens
   return {row_ratio, col_ratio, at::scalar_tensor(trust_ratio<scalar_t, L2>(pw, uw, max_p_norm), p.options())};
 }
 
-void check_like(const at::Tensor& p, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
-                  t.is_contiguous(),
-              "trust_ratio: tensors must be contiguous CPU tensors of p's dtype and shape");
-}
-
 // Pass 1. Returns [ratio] of the whole tensor (0-d), or with rows_cols (a matrix) [row ratios
 // (R, 1), column ratios (1, C), whole-tensor ratio (0-d)], in p's dtype.
 std::vector<at::Tensor> moments_and_ratios(const at::Tensor& p, at::Tensor g, at::Tensor m, at::Tensor v,
                                            double beta1, double beta2, double eps, double wd,
                                            double m_scale, double v_scale, double max_p_norm,
                                            bool rows_cols, bool l2) {
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&p, &g, &m, &v}) check_like(p, *t);
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&p, &g, &m, &v})
+    check_like(p, *t, "trust_ratio");
   TORCH_CHECK(!rows_cols || p.dim() == 2, "trust_ratio: rows_cols needs a matrix");
   const Hyper h{beta1, beta2, eps, wd, m_scale, v_scale};
   std::vector<at::Tensor> out;
@@ -335,8 +330,8 @@ int64_t pass2(at::Tensor& p, const at::Tensor& u, const at::Tensor& rows,
 std::optional<at::Tensor> apply_update(at::Tensor p, const at::Tensor& u, const at::Tensor& rows,
                                        const std::optional<at::Tensor>& cols, double lr, bool clip,
                                        bool count) {
-  check_like(p, p);
-  check_like(p, u);
+  check_like(p, p, "trust_ratio");
+  check_like(p, u, "trust_ratio");
   TORCH_CHECK(cols ? p.dim() == 2 && rows.numel() == p.size(0) && cols->numel() == p.size(1)
                    : rows.numel() == 1,
               "trust_ratio: factor shapes do not match p");

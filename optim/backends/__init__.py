@@ -30,6 +30,16 @@ fused operations that sweep each tensor once or twice (docs/optimizers.md, "Impl
   GRADIENT'S STORAGE, ``g_prev = g`` (the gradient as it came); returns the sum of c^2 (0-d, float32;
   float64 for float64 tensors), from which the optimizer takes ||c|| and clips c. Under ``skip``, c
   is computed all the same (AdamW's own flag drops it) and g_prev kept.
+* ``sgd_step`` (torch.optim.SGD's step, no dampening or Nesterov): ``d = g + wd*p`` (if wd);
+  with a momentum buffer ``buf = momentum*buf + d; d = buf``; ``p -= lr*d``, each ``add`` with an
+  alpha a fused multiply-add as torch's is, so that it is torch's SGD bitwise.
+* Adafactor's sweeps (optim/adafactor.py has the rule), in the compute dtype, u never stored:
+  ``adafactor_statistics`` (a factored matrix's row means and column sums of g*g + 1e-30),
+  ``adafactor_factored_sums`` and ``adafactor_unfactored_sums`` (the latter first updates v:
+  ``v = beta*v + w*(g*g + 1e-30)``) return (sum(u*u), sum(p*p)), from which the optimizer takes the
+  clip's divisor and the parameter scale; ``adafactor_factored_apply`` and
+  ``adafactor_unfactored_apply`` compute u again and write ``p += ((u / divisor) * -lr) * scale``
+  (no division without a divisor).
 
 Each takes an optional ``skip``: a 0-d tensor on the tensors' device (torch's ``found_inf``);
 where it is nonzero the operation leaves p and its state as they were (the gradient, consumed,
@@ -99,6 +109,24 @@ class Backend(Protocol):
                           skip: Tensor | None = None) -> None: ...
 
     def mars_correction(self, g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor: ...
+
+    def sgd_step(self, p: Tensor, g: Tensor, buf: Tensor | None, *, lr: float, momentum: float, wd: float,
+                 skip: Tensor | None = None) -> None: ...
+
+    def adafactor_statistics(self, g: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def adafactor_factored_sums(self, p: Tensor, g: Tensor, row: Tensor, col: Tensor, *,
+                                rows_first: bool) -> Tensor: ...
+
+    def adafactor_factored_apply(self, p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool,
+                                 divisor: Tensor | None, lr: float, scale: Tensor,
+                                 skip: Tensor | None = None) -> None: ...
+
+    def adafactor_unfactored_sums(self, p: Tensor, g: Tensor, v: Tensor, *, beta: float, w: float,
+                                  skip: Tensor | None = None) -> Tensor: ...
+
+    def adafactor_unfactored_apply(self, p: Tensor, g: Tensor, v: Tensor, *, divisor: Tensor | None, lr: float,
+                                   scale: Tensor, skip: Tensor | None = None) -> None: ...
 
 
 def check_setting(setting: str) -> None:

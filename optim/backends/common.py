@@ -9,6 +9,7 @@ from torch import Tensor
 
 # The dtypes the kernels take; they compute in ``compute_dtype`` of each.
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+ADAFACTOR_EPSILON = 1e-30  # optax's, added to g*g in Adafactor's second moment (the authors leave it)
 
 
 def takes(tensors: list[Tensor], *, matrix: bool, device_types: tuple[str, ...], empty: bool = True) -> bool:

@@ -1,8 +1,9 @@
 """The fused operations as C++/OpenMP kernels for CPU tensors (kernels/csrc/).
 
 The project's one extension (kernels/) holds them: the two passes of the trust-ratio optimizers
-(``trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``sign.cpp``) and those of
-AdEMAMix and Schedule-Free AdamW, with MARS's correction (``adam_family.cpp``).
+(``trust_ratio.cpp``), the one-sweep steps of Lion and Sophia-G (``sign.cpp``), those of
+AdEMAMix and Schedule-Free AdamW, with MARS's correction (``adam_family.cpp``), SGD's
+(``sgd.cpp``) and Adafactor's sweeps (``adafactor.cpp``).
 ``load`` builds it (or loads it from torch's extensions directory, where the first build put it). It is
 called by ``optim.backends.prepare`` when an optimizer is created, never as a side effect of a
 step. The kernels compute what optim/backends/reference.py computes (up to rounding: float32
@@ -94,6 +95,44 @@ def schedulefree_step(y: Tensor, g: Tensor, z: Tensor, v: Tensor, *, lr: float, 
 
 def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | None = None) -> Tensor:
     return torch.ops.nanomerit.mars_correction(g, g_prev, scale, not _skipped(skip))  # (c is computed anyway)
+
+
+def sgd_step(p: Tensor, g: Tensor, buf: Tensor | None, *, lr: float, momentum: float, wd: float,
+             skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.sgd_step(p, g, buf, lr, momentum, wd)
+
+
+def adafactor_statistics(g: Tensor) -> tuple[Tensor, Tensor]:
+    return tuple(torch.ops.nanomerit.adafactor_statistics(g, common.ADAFACTOR_EPSILON))
+
+
+def adafactor_factored_sums(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool) -> Tensor:
+    return torch.ops.nanomerit.adafactor_factored_sums(p, g, row, col, rows_first)
+
+
+def adafactor_factored_apply(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool,
+                             divisor: Tensor | None, lr: float, scale: Tensor, skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.adafactor_factored_apply(p, g, row, col, rows_first, _value(divisor), lr, scale.item())
+
+
+def adafactor_unfactored_sums(p: Tensor, g: Tensor, v: Tensor, *, beta: float, w: float,
+                              skip: Tensor | None = None) -> Tensor:
+    if _skipped(skip):  # (v kept; the apply that follows is skipped too)
+        return torch.zeros(2, dtype=v.dtype)
+    return torch.ops.nanomerit.adafactor_unfactored_sums(p, g, v, beta, w, common.ADAFACTOR_EPSILON)
+
+
+def adafactor_unfactored_apply(p: Tensor, g: Tensor, v: Tensor, *, divisor: Tensor | None, lr: float,
+                               scale: Tensor, skip: Tensor | None = None) -> None:
+    if not _skipped(skip):
+        torch.ops.nanomerit.adafactor_unfactored_apply(p, g, v, _value(divisor), lr, scale.item())
+
+
+def _value(divisor: Tensor | None) -> float:
+    """A divisor's value for a kernel; none divides by 1 (the same floats)."""
+    return 1.0 if divisor is None else divisor.item()
 
 
 def _skipped(skip: Tensor | None) -> bool:

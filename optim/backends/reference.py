@@ -152,6 +152,82 @@ def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | N
     return torch.linalg.vector_norm(c, dtype=common.compute_dtype(c.dtype)).square()  # the sum of c^2
 
 
+def sgd_step(p: Tensor, g: Tensor, buf: Tensor | None, *, lr: float, momentum: float, wd: float,
+             skip: Tensor | None = None) -> None:
+    # torch.optim.SGD's for-loop step, operation for operation (no dampening, no Nesterov).
+    d = g if wd == 0 else g.add(p, alpha=wd)
+    if buf is not None:
+        buf_new = _staged(buf, skip)
+        buf_new.mul_(momentum).add_(d)
+        _commit(buf, buf_new, skip)
+        d = buf_new
+    if skip is None:
+        p.add_(d, alpha=-lr)
+    else:
+        _commit(p, torch.add(p, d, alpha=-lr), skip)
+
+
+def adafactor_statistics(g: Tensor) -> tuple[Tensor, Tensor]:
+    s = _adafactor_squares(g)
+    return s.mean(dim=1), s.sum(dim=0)
+
+
+def adafactor_factored_sums(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool) -> Tensor:
+    return _sums_of_squares(_factored_direction(g, row, col, rows_first), p)
+
+
+def adafactor_factored_apply(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool,
+                             divisor: Tensor | None, lr: float, scale: Tensor, skip: Tensor | None = None) -> None:
+    _adafactor_apply(p, _factored_direction(g, row, col, rows_first), divisor, lr, scale, skip)
+
+
+def adafactor_unfactored_sums(p: Tensor, g: Tensor, v: Tensor, *, beta: float, w: float,
+                              skip: Tensor | None = None) -> Tensor:
+    v_new = _staged(v, skip)
+    v_new.mul_(beta).add_(_adafactor_squares(g), alpha=w)
+    _commit(v, v_new, skip)
+    return _sums_of_squares(_unfactored_direction(g, v_new), p)
+
+
+def adafactor_unfactored_apply(p: Tensor, g: Tensor, v: Tensor, *, divisor: Tensor | None, lr: float,
+                               scale: Tensor, skip: Tensor | None = None) -> None:
+    _adafactor_apply(p, _unfactored_direction(g, v), divisor, lr, scale, skip)
+
+
+def _adafactor_squares(g: Tensor) -> Tensor:
+    """g*g + optax's epsilon, in the compute dtype."""
+    return g.to(common.compute_dtype(g.dtype)).square().add_(common.ADAFACTOR_EPSILON)
+
+
+def _factored_direction(g: Tensor, row: Tensor, col: Tensor, rows_first: bool) -> Tensor:
+    """g times the row's factor and the column's, in optax's order (the shorter side's first)."""
+    g = g.to(row.dtype)
+    if rows_first:
+        return torch.mul(g, row[:, None]).mul_(col[None, :])
+    return torch.mul(g, col[None, :]).mul_(row[:, None])
+
+
+def _unfactored_direction(g: Tensor, v: Tensor) -> Tensor:
+    return torch.rsqrt(v).mul_(g.to(v.dtype))  # optax's g * v ** -0.5 (a product commutes)
+
+
+def _sums_of_squares(u: Tensor, p: Tensor) -> Tensor:
+    """(sum(u*u), sum(p*p)) in u's dtype: the two rms of Adafactor's clip and parameter scale."""
+    return torch.stack([u.square().sum(), p.to(u.dtype).square().sum()])
+
+
+def _adafactor_apply(p: Tensor, u: Tensor, divisor: Tensor | None, lr: float, scale: Tensor,
+                     skip: Tensor | None) -> None:
+    # optax's three scalings in its order (one factor would save two passes over u, but round otherwise)
+    if divisor is not None:
+        u.div_(divisor)
+    u.mul_(-lr).mul_(scale)
+    if skip is None:
+        p.add_(u)
+    else:
+        _commit(p, torch.add(p, u).to(p.dtype), skip)
+
+
 def skipped_ratios(p: Tensor, reduce: str) -> tuple[Tensor, ...]:
     """What ``moments_and_ratios`` returns for a skipped update that computed nothing: guarded
     (NaN) ratios of the right shapes."""

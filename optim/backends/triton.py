@@ -196,6 +196,74 @@ def mars_correction(g: Tensor, g_prev: Tensor, *, scale: float, skip: Tensor | N
     return partials.sum()
 
 
+def sgd_step(p: Tensor, g: Tensor, buf: Tensor | None, *, lr: float, momentum: float, wd: float,
+             skip: Tensor | None = None) -> None:
+    _launch(_kernels().sgd_step, (-(-p.numel() // _STEP_BLOCK),), p, g, p if buf is None else buf, _flag(skip, p),
+            p.numel(), wd, momentum, -lr, DECAYS=wd != 0, MOMENTUM=buf is not None, SKIPS=skip is not None,
+            COMPUTE=_compute(p.dtype), BLOCK=_STEP_BLOCK)
+
+
+def adafactor_statistics(g: Tensor) -> tuple[Tensor, Tensor]:
+    n_rows, n_cols = g.shape
+    block_r, block_c = _blocks(n_rows, n_cols)
+    programs = min(-(-n_rows // block_r), _max_programs(g.device))
+    compute = common.compute_dtype(g.dtype)
+    row_sums = torch.empty(n_rows, dtype=compute, device=g.device)
+    partials = torch.empty(programs, n_cols, dtype=compute, device=g.device)
+    _launch(_kernels().adafactor_statistics, (programs,), g, row_sums, partials, n_rows, n_cols,
+            common.ADAFACTOR_EPSILON, COMPUTE=_compute(g.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+    return row_sums.div_(n_cols), partials.sum(0)
+
+
+def adafactor_factored_sums(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool) -> Tensor:
+    return _adafactor_sums(p, g, row, col, None, rows_first=rows_first, beta=0.0, w=0.0, skip=None)
+
+
+def adafactor_factored_apply(p: Tensor, g: Tensor, row: Tensor, col: Tensor, *, rows_first: bool,
+                             divisor: Tensor | None, lr: float, scale: Tensor, skip: Tensor | None = None) -> None:
+    _adafactor_apply(p, g, row, col, None, rows_first=rows_first, divisor=divisor, lr=lr, scale=scale, skip=skip)
+
+
+def adafactor_unfactored_sums(p: Tensor, g: Tensor, v: Tensor, *, beta: float, w: float,
+                              skip: Tensor | None = None) -> Tensor:
+    return _adafactor_sums(p, g, None, None, v, rows_first=True, beta=beta, w=w, skip=skip)
+
+
+def adafactor_unfactored_apply(p: Tensor, g: Tensor, v: Tensor, *, divisor: Tensor | None, lr: float,
+                               scale: Tensor, skip: Tensor | None = None) -> None:
+    _adafactor_apply(p, g, None, None, v, rows_first=True, divisor=divisor, lr=lr, scale=scale, skip=skip)
+
+
+def _adafactor_sums(p: Tensor, g: Tensor, row: Tensor | None, col: Tensor | None, v: Tensor | None, *,
+                    rows_first: bool, beta: float, w: float, skip: Tensor | None) -> Tensor:
+    n_rows, n_cols = _matrix(p, v is None)
+    block_r, block_c = _blocks(n_rows, n_cols)
+    grid = (-(-n_rows // block_r), -(-n_cols // block_c))
+    partials = torch.empty(grid[0] * grid[1], 2, dtype=common.compute_dtype(p.dtype), device=p.device)
+    _launch(_kernels().adafactor_sums, grid, p, g, *_adafactor_state(p, row, col, v), partials, _flag(skip, p),
+            n_rows, n_cols, p.numel(), beta, w, common.ADAFACTOR_EPSILON, FACTORED=v is None,
+            ROWS_FIRST=rows_first, SKIPS=skip is not None, COMPUTE=_compute(p.dtype), BLOCK_R=block_r,
+            BLOCK_C=block_c)
+    return partials.sum(0)
+
+
+def _adafactor_apply(p: Tensor, g: Tensor, row: Tensor | None, col: Tensor | None, v: Tensor | None, *,
+                     rows_first: bool, divisor: Tensor | None, lr: float, scale: Tensor, skip: Tensor | None) -> None:
+    n_rows, n_cols = _matrix(p, v is None)
+    block_r, block_c = _blocks(n_rows, n_cols)
+    grid = (-(-n_rows // block_r), -(-n_cols // block_c))
+    _launch(_kernels().adafactor_apply, grid, p, g, *_adafactor_state(p, row, col, v),
+            scale if divisor is None else divisor, scale, _flag(skip, p), n_rows, n_cols, p.numel(), -lr,
+            FACTORED=v is None, ROWS_FIRST=rows_first, DIVIDES=divisor is not None, SKIPS=skip is not None,
+            COMPUTE=_compute(p.dtype), BLOCK_R=block_r, BLOCK_C=block_c)
+
+
+def _adafactor_state(p: Tensor, row: Tensor | None, col: Tensor | None, v: Tensor | None) -> tuple[Tensor, ...]:
+    """The kernels' row, column and v pointers: a factored matrix's two factors (v unread: p), or v
+    (the factors unread: v)."""
+    return (row, col, p) if v is None else (v, v, v)
+
+
 def _flag(skip: Tensor | None, p: Tensor) -> Tensor:
     """The kernels' ``skip_ptr``: the flag as float32 on p's device (p itself, unread, without one)."""
     return p if skip is None else skip.to(device=p.device, dtype=torch.float32)

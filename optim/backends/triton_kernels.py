@@ -3,7 +3,8 @@
 They compute what the C++ kernels of kernels/csrc/ compute, with the same roundings, so the torch
 reference (optim/backends/reference.py) is the reference for both: MERIT's and LAMB's two passes with a
 small kernel between them that turns the reduced norms into trust ratios, the one-sweep steps
-of Lion, Sophia-G, AdEMAMix and Schedule-Free AdamW, and MARS's correction of the gradient.
+of Lion, Sophia-G, AdEMAMix, Schedule-Free AdamW and SGD, MARS's correction of the gradient, and
+Adafactor's sweeps.
 Elements are computed in float32 (float64 for float64 tensors); where a reference rounds an
 intermediate to bfloat16, ``_round`` rounds it to nearest even with integer operations, because
 Triton's CPU interpreter (how the tests run these kernels without a GPU) truncates in its float
@@ -170,6 +171,23 @@ def trust_ratios(norms_ptr, norms_stride, out_ptr, n, max_p_norm: tl.float64, ma
 
 
 @triton.jit
+def _flat_block(numel, BLOCK: tl.constexpr):
+    """This program's block of a flat tensor of ``numel`` elements: its offsets and mask."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < numel
+
+
+@triton.jit
+def _matrix_tile(n_rows, n_cols, numel, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's (BLOCK_R, BLOCK_C) tile of an (n_rows, n_cols) matrix of ``numel`` elements
+    (fewer where a flat tensor is cut into rows): its rows, columns, element offsets and mask."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+    return rows, cols, offs, (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (offs < numel)
+
+
+@triton.jit
 def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, skip_ptr, n_rows, n_cols, numel,
                  neg_lr: tl.float64, COLS: tl.constexpr, CLIP: tl.constexpr, COUNT: tl.constexpr,
                  SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -178,10 +196,7 @@ def apply_update(p_ptr, u_ptr, rows_ptr, cols_ptr, counts_ptr, skip_ptr, n_rows,
     NaN, the zero guard, means s = 1). With COUNT, the tile's number of |s * u| > 1 goes to
     counts[program]."""
     dtype = p_ptr.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (offs < numel)
+    rows, cols, offs, mask = _matrix_tile(n_rows, n_cols, numel, BLOCK_R, BLOCK_C)
     if COLS:
         r = tl.load(rows_ptr + rows, mask=rows < n_rows, other=1.0)[:, None]
         c = tl.load(cols_ptr + cols, mask=cols < n_cols, other=1.0)[None, :]
@@ -205,8 +220,7 @@ def lion_step(p_ptr, g_ptr, m_ptr, skip_ptr, numel, decay: tl.float64, neg_lr: t
               BLOCK: tl.constexpr):
     """Lion: p = p*decay; p += neg_lr * sign(lerp(m, g, w1)); m = lerp(m, g, w2)."""
     dtype = p_ptr.dtype.element_ty
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+    offs, mask = _flat_block(numel, BLOCK)
     kept = _kept(mask, skip_ptr, SKIPS)
     g = _load(g_ptr, offs, mask, COMPUTE)
     m = _load(m_ptr, offs, mask, COMPUTE)
@@ -225,8 +239,7 @@ def sophia_step(p_ptr, g_ptr, m_ptr, h_ptr, skip_ptr, numel, decay: tl.float64, 
                 SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK: tl.constexpr):
     """Sophia-G: p = p*decay; m = lerp(m, g, w1); p += neg_lr * clamp(m / (h*scale + eps), -1, 1)."""
     dtype = p_ptr.dtype.element_ty
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+    offs, mask = _flat_block(numel, BLOCK)
     g = _load(g_ptr, offs, mask, COMPUTE)
     p = _load(p_ptr, offs, mask, COMPUTE)
     if DECAYS:
@@ -264,8 +277,7 @@ def ademamix_step(p_ptr, g_ptr, m1_ptr, m2_ptr, v_ptr, skip_ptr, numel, b1: tl.f
     b2, w2, bc1 = _scalar(b2, COMPUTE), _scalar(w2, COMPUTE), _scalar(bc1, COMPUTE)
     sqrt_bc2, eps, alpha = _scalar(sqrt_bc2, COMPUTE), _scalar(eps, COMPUTE), _scalar(alpha, COMPUTE)
     wd, neg_lr = _scalar(wd, COMPUTE), _scalar(neg_lr, COMPUTE)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+    offs, mask = _flat_block(numel, BLOCK)
     g = _load(g_ptr, offs, mask, COMPUTE)
     p = _load(p_ptr, offs, mask, COMPUTE)
     m1 = _ema(_load(m1_ptr, offs, mask, COMPUTE), b1, w1, g, dtype)
@@ -293,8 +305,7 @@ def schedulefree_step(y_ptr, g_ptr, z_ptr, v_ptr, skip_ptr, numel, b2: tl.float6
     b2, w2, bc2, eps = _scalar(b2, COMPUTE), _scalar(w2, COMPUTE), _scalar(bc2, COMPUTE), _scalar(eps, COMPUTE)
     wd, ckp1 = _scalar(wd, COMPUTE), _scalar(ckp1, COMPUTE)
     y_lr, neg_lr = _scalar(y_lr, COMPUTE), _scalar(neg_lr, COMPUTE)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+    offs, mask = _flat_block(numel, BLOCK)
     g = _load(g_ptr, offs, mask, COMPUTE)
     y = _load(y_ptr, offs, mask, COMPUTE)
     z = _load(z_ptr, offs, mask, COMPUTE)
@@ -316,11 +327,116 @@ def mars_correction(g_ptr, g_prev_ptr, partials_ptr, skip_ptr, numel, scale: tl.
     the program's sum of c^2 into partials[program] (the caller sums them: no atomics, so the sum
     comes out the same on every run)."""
     dtype = g_ptr.dtype.element_ty
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+    offs, mask = _flat_block(numel, BLOCK)
     g = _load(g_ptr, offs, mask, COMPUTE)
     c = _round(g + _round(_round(g - _load(g_prev_ptr, offs, mask, COMPUTE), dtype) * _scalar(scale, COMPUTE),
                           dtype), dtype)
     tl.store(g_prev_ptr + offs, g.to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
     tl.store(g_ptr + offs, c.to(dtype), mask=mask)
     tl.store(partials_ptr + tl.program_id(0), tl.sum(c * c, axis=0))  # (masked elements: c = 0)
+
+
+@triton.jit
+def sgd_step(p_ptr, g_ptr, buf_ptr, skip_ptr, numel, wd: tl.float64, momentum: tl.float64, neg_lr: tl.float64,
+             DECAYS: tl.constexpr, MOMENTUM: tl.constexpr, SKIPS: tl.constexpr, COMPUTE: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """SGD as torch steps it: d = g + wd*p [if DECAYS]; buf = buf*momentum + d, d = buf [if MOMENTUM];
+    p += neg_lr*d; each ``add`` with an alpha a fused multiply-add, as torch's (tl.fma: the
+    interpreter's rounds once too), its alpha rounded to bfloat16 for bfloat16 tensors (as
+    kernels/csrc/sgd.cpp says)."""
+    dtype = p_ptr.dtype.element_ty
+    offs, mask = _flat_block(numel, BLOCK)
+    kept = _kept(mask, skip_ptr, SKIPS)
+    p = _load(p_ptr, offs, mask, COMPUTE)
+    d = _load(g_ptr, offs, mask, COMPUTE)
+    if DECAYS:
+        d = _round(tl.fma(p, _round(_scalar(wd, COMPUTE), dtype), d), dtype)
+    if MOMENTUM:
+        d = _round(_round(_load(buf_ptr, offs, mask, COMPUTE) * _scalar(momentum, COMPUTE), dtype) + d, dtype)
+        tl.store(buf_ptr + offs, d.to(dtype), mask=kept)
+    tl.store(p_ptr + offs, _round(tl.fma(d, _round(_scalar(neg_lr, COMPUTE), dtype), p), dtype).to(dtype), mask=kept)
+
+
+@triton.jit
+def adafactor_statistics(g_ptr, row_sums_ptr, partials_ptr, n_rows, n_cols, eps: tl.float64, COMPUTE: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A factored matrix's sums of s = g*g + eps (optax's 1e-30): each row's into row_sums[i] (a row belongs to
+    one program), and program k's sum of each column over its rows into partials[k, j] (the caller
+    adds the programs' up). Program k sweeps row blocks k, k + P, ... one column chunk at a time."""
+    program, programs = tl.program_id(0), tl.num_programs(0)
+    eps = _scalar(eps, COMPUTE)
+    for c0 in range(0, n_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        col_sums = tl.zeros([BLOCK_C], COMPUTE)
+        for row_block in range(program, tl.cdiv(n_rows, BLOCK_R), programs):
+            rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
+            offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+            g = _load(g_ptr, offs, mask, COMPUTE)
+            s = tl.where(mask, g * g + eps, 0.0)
+            in_rows = rows < n_rows
+            before = tl.load(row_sums_ptr + rows, mask=in_rows & (c0 > 0), other=0.0)
+            tl.store(row_sums_ptr + rows, before + tl.sum(s, axis=1), mask=in_rows)
+            col_sums += tl.sum(s, axis=0)
+        tl.store(partials_ptr + program.to(tl.int64) * n_cols + cols, col_sums, mask=cols < n_cols)
+
+
+@triton.jit
+def _adafactor_tile(g_ptr, row_ptr, col_ptr, v_ptr, rows, cols, offs, mask, beta, w, eps, n_rows, n_cols,
+                    FACTORED: tl.constexpr, ROWS_FIRST: tl.constexpr, UPDATES_V: tl.constexpr,
+                    COMPUTE: tl.constexpr):
+    """A tile's direction u (and, if UPDATES_V, its new v = v*beta + w*(g*g + eps), a fused
+    multiply-add as torch's ``add`` with an alpha): factored, (g * r) * c or (g * c) * r; else
+    (1 / sqrt(v)) * g, torch's rsqrt. Returns (u, v; v is u where FACTORED)."""
+    g = _load(g_ptr, offs, mask, COMPUTE)
+    if FACTORED:
+        r = tl.load(row_ptr + rows, mask=rows < n_rows, other=1.0).to(COMPUTE)[:, None]
+        c = tl.load(col_ptr + cols, mask=cols < n_cols, other=1.0).to(COMPUTE)[None, :]
+        if ROWS_FIRST:
+            u = (g * r) * c
+        else:
+            u = (g * c) * r
+        return u, u
+    else:
+        v = _load(v_ptr, offs, mask, COMPUTE)
+        if UPDATES_V:
+            v = tl.fma(g * g + eps, w, v * beta)
+        u = _div(_scalar(1.0, COMPUTE), _sqrt(tl.where(mask, v, 1.0))) * g
+        return u, v
+
+
+@triton.jit
+def adafactor_sums(p_ptr, g_ptr, row_ptr, col_ptr, v_ptr, partials_ptr, skip_ptr, n_rows, n_cols, numel,
+                   beta: tl.float64, w: tl.float64, eps: tl.float64, FACTORED: tl.constexpr, ROWS_FIRST: tl.constexpr,
+                   SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Adafactor's sums of u*u and p*p over a (BLOCK_R, BLOCK_C) tile into partials[tile, 0 and 1]
+    (the caller adds them up); an unfactored tensor's v updated first."""
+    rows, cols, offs, mask = _matrix_tile(n_rows, n_cols, numel, BLOCK_R, BLOCK_C)
+    u, v = _adafactor_tile(g_ptr, row_ptr, col_ptr, v_ptr, rows, cols, offs, mask, _scalar(beta, COMPUTE),
+                           _scalar(w, COMPUTE), _scalar(eps, COMPUTE), n_rows, n_cols, FACTORED, ROWS_FIRST, True,
+                           COMPUTE)
+    if not FACTORED:
+        tl.store(v_ptr + offs, v, mask=_kept(mask, skip_ptr, SKIPS))
+    p = _load(p_ptr, offs, mask, COMPUTE)
+    u = tl.where(mask, u, 0.0)
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    tl.store(partials_ptr + 2 * tile, tl.sum(tl.sum(u * u, axis=1), axis=0))
+    tl.store(partials_ptr + 2 * tile + 1, tl.sum(tl.sum(p * p, axis=1), axis=0))
+
+
+@triton.jit
+def adafactor_apply(p_ptr, g_ptr, row_ptr, col_ptr, v_ptr, divisor_ptr, scale_ptr, skip_ptr, n_rows, n_cols, numel,
+                    neg_lr: tl.float64, FACTORED: tl.constexpr, ROWS_FIRST: tl.constexpr, DIVIDES: tl.constexpr,
+                    SKIPS: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """p += ((u / divisor) * neg_lr) * scale on a tile (no division unless DIVIDES), u computed
+    again as ``adafactor_sums`` computed it (v as it left it)."""
+    dtype = p_ptr.dtype.element_ty
+    rows, cols, offs, mask = _matrix_tile(n_rows, n_cols, numel, BLOCK_R, BLOCK_C)
+    zero = _scalar(0.0, COMPUTE)  # (v not updated: its decays unused)
+    u, _ = _adafactor_tile(g_ptr, row_ptr, col_ptr, v_ptr, rows, cols, offs, mask, zero, zero, zero, n_rows, n_cols,
+                           FACTORED, ROWS_FIRST, False, COMPUTE)
+    if DIVIDES:
+        u = _div(u, tl.load(divisor_ptr).to(COMPUTE))
+    x = (u * _scalar(neg_lr, COMPUTE)) * tl.load(scale_ptr).to(COMPUTE)
+    p = _load(p_ptr, offs, mask, COMPUTE) + x
+    tl.store(p_ptr + offs, _round(p, dtype).to(dtype), mask=_kept(mask, skip_ptr, SKIPS))
