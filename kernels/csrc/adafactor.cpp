@@ -7,8 +7,8 @@
 // updates v and takes the sums, one that writes p. optim/backends/reference.py is the torch
 // reference these kernels are tested against: each element's operations are its operations in its
 // order, rounded where it rounds (in float32, or float64 for float64 parameters: the state's
-// dtype); the sums are short sums in the compute type (a row of the matrix, or kSpan elements: its
-// SIMD lanes' partial sums) added up in double, not torch's order, so they differ by rounding.
+// dtype); the sums are taken in double (so that their order hardly matters: a bfloat16 parameter
+// steps as its float32 copy), not in torch's order, so they differ from its sums by rounding.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -77,20 +77,19 @@ inline op_t stepped(op_t p, op_t u, op_t divisor, op_t neg_lr, op_t scale) {
   return p + ((u / divisor) * neg_lr) * scale;
 }
 
-// Row i of sweep 1: its mean of g*g + eps into R[i], each term added to its column's short sum in
-// ``cols`` (the compute type; the caller adds them into double every kSpan / columns rows).
+// Row i of sweep 1: its mean of g*g + eps into R[i], each term added to its column's sum in ``cols``.
 template <typename scalar_t>
 void statistics_row(const raw_t<scalar_t>* __restrict G, int64_t n, op_type<scalar_t> eps, op_type<scalar_t>& mean,
-                    op_type<scalar_t>* __restrict cols) {
+                    double* __restrict cols) {
   using S = Storage<scalar_t>;
-  op_type<scalar_t> sum = 0;
+  double sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
-    const auto s = squared(S::load(G[j]), eps);
+    const double s = squared(S::load(G[j]), eps);
     sum += s;
     cols[j] += s;
   }
-  mean = op_type<scalar_t>(double(sum) / double(n));
+  mean = op_type<scalar_t>(sum / double(n));
 }
 
 // Row i of sweep 2 (factored): sum(u*u) and sum(p*p) over its elements.
@@ -98,13 +97,13 @@ template <bool RowsFirst, typename scalar_t>
 void factored_sums_row(const raw_t<scalar_t>* __restrict P, const raw_t<scalar_t>* __restrict G,
                        const op_type<scalar_t>* __restrict C, op_type<scalar_t> r, int64_t n, double& u2, double& p2) {
   using S = Storage<scalar_t>;
-  op_type<scalar_t> a = 0, b = 0;
+  double a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
   for (int64_t j = 0; j < n; ++j) {
     const auto u = factored_direction<RowsFirst>(S::load(G[j]), r, C[j]);
     const auto pj = S::load(P[j]);
-    a += u * u;
-    b += pj * pj;
+    a += double(u) * double(u);
+    b += double(pj) * double(pj);
   }
   u2 += a;
   p2 += b;
@@ -129,15 +128,15 @@ void unfactored_sums_span(const raw_t<scalar_t>* __restrict P, const raw_t<scala
                           op_type<scalar_t>* __restrict V, int64_t n, op_type<scalar_t> beta, op_type<scalar_t> w,
                           op_type<scalar_t> eps, double& u2, double& p2) {
   using S = Storage<scalar_t>;
-  op_type<scalar_t> a = 0, b = 0;
+  double a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
   for (int64_t j = 0; j < n; ++j) {
     const auto gj = S::load(G[j]), pj = S::load(P[j]);
     const auto vj = std::fma(squared(gj, eps), w, V[j] * beta);
     V[j] = vj;
     const auto u = unfactored_direction(gj, vj);
-    a += u * u;
-    b += pj * pj;
+    a += double(u) * double(u);
+    b += double(pj) * double(pj);
   }
   u2 += a;
   p2 += b;
@@ -154,7 +153,7 @@ void unfactored_apply_span(raw_t<scalar_t>* __restrict P, const raw_t<scalar_t>*
     P[j] = S::store(stepped(S::load(P[j]), unfactored_direction(S::load(G[j]), V[j]), divisor, neg_lr, scale));
 }
 
-// The two sums of squares, ``body(begin, end, u2, p2)`` adding short sums per thread in double, as a
+// The two sums of squares, ``body(begin, end, u2, p2)`` accumulating per thread in double, as a
 // (2,) tensor of the compute dtype.
 template <typename op_t, typename Body>
 at::Tensor sums_of_squares(const at::Tensor& p, int64_t n, int64_t grain, const Body& body) {
@@ -179,8 +178,8 @@ at::Tensor sums_of_squares(const at::Tensor& p, int64_t n, int64_t grain, const 
 
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)); }
 
-// Sweep 1 of a factored matrix: the mean of each row and the sum of each column of g*g + eps, short
-// sums added up in double; returned in the compute dtype (the reference's ``s.mean(dim=1)`` and ``s.sum(dim=0)``).
+// Sweep 1 of a factored matrix: the mean of each row and the sum of each column of g*g + eps, in
+// double; returned in the compute dtype (the reference's ``s.mean(dim=1)`` and ``s.sum(dim=0)``).
 std::vector<at::Tensor> adafactor_statistics(const at::Tensor& g, double eps) {
   TORCH_CHECK(g.device().is_cpu() && g.is_contiguous() && g.dim() == 2,
               "adafactor_statistics: g must be a contiguous CPU matrix");
@@ -192,19 +191,9 @@ std::vector<at::Tensor> adafactor_statistics(const at::Tensor& g, double eps) {
     const auto G = raw_ptr<scalar_t>(g);
     op_t* R = row_means.data_ptr<op_t>();
     std::vector<double> partial(threads * cols, 0.0);
-    const int64_t span_rows = std::max<int64_t>(1, kSpan / cols);  // rows a column's short sum takes
     at::parallel_for(0, rows, row_grain(cols), [&](int64_t begin, int64_t end) {
       double* mine = partial.data() + at::get_thread_num() * cols;
-      std::vector<op_t> span(cols, op_t(0));
-      for (int64_t i = begin; i < end; ++i) {
-        statistics_row<scalar_t>(G + i * cols, cols, op_t(eps), R[i], span.data());
-        if ((i - begin + 1) % span_rows == 0 || i + 1 == end) {
-          for (int64_t j = 0; j < cols; ++j) {
-            mine[j] += span[j];
-            span[j] = op_t(0);
-          }
-        }
-      }
+      for (int64_t i = begin; i < end; ++i) statistics_row<scalar_t>(G + i * cols, cols, op_t(eps), R[i], mine);
     });
     op_t* C = col_sums.data_ptr<op_t>();
     for (int64_t j = 0; j < cols; ++j) {
