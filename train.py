@@ -11,7 +11,6 @@ number of ranks, so the same config optimizes identically on 1 or 64 GPUs.
 
 from __future__ import annotations
 
-import math
 import shlex
 import sys
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from optim.protocol import LossFn
 from training import console, distributed, instruments, memory, metrics, noise_scale, qk_clip, run_folder, validation
 from training.batch_schedule import BatchSchedule, StepSchedule
 from training.checkpoint.checkpointer import Checkpointer
+from training.clipping import GradientClip
 from training.communication import Communication
 from training.float_mode import FloatMode
 from training.nonfinite import NonFiniteError, NonFiniteSteps
@@ -104,6 +104,7 @@ class Trainer:
                 self.pending_evaluation = Step(self.step, final=self.schedule.was_final(checkpoint, self.state.changes))
         # Compile and wrap after restoring, so checkpoints always hold the plain module's names.
         self.train_model = self.layout.wrap(torch.compile(self.model) if config.compile else self.model)
+        self.clip = GradientClip(self.model.parameters(), config.grad_clip)  # (torch's clip_grad_norm_, its floats)
         # Each section of a step (SECTIONS) runs in ``with self.section(name)``: a profiler's range (or a timer).
         self.section = metrics.section_range
         self.signals = StopSignals(self.ctx.is_main, self.checkpoints, lambda: self.step)
@@ -170,8 +171,7 @@ class Trainer:
                                            self.parts)
         # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
         with self.section("clip"):
-            step.grad_norm = self.layout.full_tensor(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
+            step.grad_norm = self.layout.full_tensor(self.clip())
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         step.finite = total_loss.isfinite() if self.scaler.is_enabled() else step.grad_norm.isfinite()

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import platform
 import shutil
 import statistics
@@ -236,23 +235,22 @@ def loop_overhead(trainers: dict, steps: int) -> dict[str, dict[str, float]]:
     loop step ("loop"); its model's forward and backward plus the optimizer step and zero_grad alone
     ("bare", with its model and optimizer, on batches of its tokens read beforehand, a new one each
     round: one batch over and over is learnt by heart, and AdamW's step on it slowed down by 10%);
-    "bare" plus the gradient clip of the config ("clipped", torch's clip_grad_norm_ as the loop
-    calls it); and the differences of a round's, "loop - bare" (what the loop adds) and "loop -
-    clipped" (what it adds beyond the clip). Every trainer's three take turns step by step, the
+    "bare" plus the gradient clip of the config ("clipped", the loop's own: training/clipping.py);
+    and the differences of a round's, "loop - bare" (what the loop adds) and "loop - clipped" (what
+    it adds beyond the clip). Every trainer's three take turns step by step, the
     order rotating each round: whatever runs first or after another (a cache warm or cold) is each
     of them in turn."""
-    import torch
-
     variants = {}  # {(name, variant): fn(round)}
     for name, trainer in trainers.items():
         model, optimizer, config = trainer.model, trainer.optimizer, trainer.config
         batches = [[t.to(trainer.device) for t in trainer.train_loader.next_batch()] for _ in range(steps + 1)]
 
-        def bare(i: int, clip: bool, model=model, optimizer=optimizer, config=config, batches=batches):
+        def bare(i: int, clip: bool, model=model, optimizer=optimizer, config=config, batches=batches,
+                 gradient_clip=trainer.clip):
             x, y = batches[i]
             model(x, y, z_loss=config.z_loss, logits=False)[1].backward()
             if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or math.inf)
+                gradient_clip()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
