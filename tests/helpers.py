@@ -46,6 +46,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# The backends of the optimizers' fused operations as a parametrization, Triton's (its interpreter,
+# slow) in the full suite only: for tests the ``backend`` fixture would run long in the quick tier.
+BACKENDS_TRITON_SLOW = ["cpp", pytest.param("triton", marks=pytest.mark.slow), "torch"]
+
+
 def require_backend(name: str) -> str:
     """``name``, a backend of the optimizers' fused operations (optim/backends/), after skipping the
     test where it cannot run here: "cpp" (the C++ kernels), "triton" (the Triton kernels, in

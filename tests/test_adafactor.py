@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import optim
-from helpers import TINY_RUN, train_here
+from helpers import BACKENDS_TRITON_SLOW, TINY_RUN, require_backend, train_here
 from optim.adafactor import _decay
 
 # Factored: 130 x 140 (rows the shorter side), 150 x 130 (columns), 128 x 128 (a tie: rows, as optax's
@@ -85,7 +85,12 @@ def test_the_problem_clips_some_updates_and_floors_a_parameter_s_rms():
 
 @pytest.mark.parametrize("decay_rate", [0.8, 0.9999])  # optax's default, the authors' GPT-2 value
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_adafactor_is_optax_composed_as_the_authors_compose_it(dtype, decay_rate, backend):
+# (the quick tier: the C++ kernels, what a CPU runs; the reference is held to them bitwise by
+# tests/test_sgd_adafactor_kernels.py, and Triton's interpreter takes about 10 s a case)
+@pytest.mark.parametrize("backend_name", ["cpp", *(pytest.param(backend, marks=pytest.mark.slow)
+                                                     for backend in ("triton", "torch"))])
+def test_adafactor_is_optax_composed_as_the_authors_compose_it(dtype, decay_rate, backend_name):
+    backend = require_backend(backend_name)
     with jax.enable_x64(dtype == torch.float64):
         initial, ours, theirs = run_both(dtype, decay_rate, backend)
     for p0, p, q, shape in zip(initial, ours, theirs, SHAPES):
@@ -167,9 +172,11 @@ def test_beta2_is_optax_s_schedule_rounded_to_float32():
 
 
 @pytest.mark.parametrize("shape", [(130, 140), (64, 30)])  # factored, and not
-def test_a_flagged_step_is_dropped_on_the_device(backend, shape):
+@pytest.mark.parametrize("backend_name", BACKENDS_TRITON_SLOW)
+def test_a_flagged_step_is_dropped_on_the_device(backend_name, shape):
     """The fused operations take the flag: a flagged step changes nothing (p, its statistics, its
     step count), so the next step is the first, as a twin's that never saw the flag."""
+    backend = require_backend(backend_name)
     gen = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(shape, generator=gen))
     twin = torch.nn.Parameter(p.detach().clone())

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import optim
-from helpers import bitwise_but_in_bfloat16
+from helpers import BACKENDS_TRITON_SLOW, bitwise_but_in_bfloat16, require_backend
 
 LRS = [0.2, 0.15, 0.3, 0.05, 0.1]  # a changing lr, as a schedule's
 
@@ -29,7 +29,9 @@ class Tiny(nn.Module):
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
-def test_sgd_is_torch_sgd_bitwise(dtype, momentum, weight_decay, backend):
+@pytest.mark.parametrize("backend_name", BACKENDS_TRITON_SLOW)
+def test_sgd_is_torch_sgd_bitwise(dtype, momentum, weight_decay, backend_name):
+    backend = require_backend(backend_name)
     if dtype == torch.float16 and backend != "torch":
         pytest.skip("no kernel takes float16: its case is the torch reference's")
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ of up to 70,001 terms; measured below 1e-6), 1e-12 in float64.
 import pytest
 import torch
 
-from helpers import bitwise_but_in_bfloat16, require_backend
+from helpers import BACKENDS_TRITON_SLOW, bitwise_but_in_bfloat16, require_backend
 from optim import backends
 from optim.backends import common, reference
 
@@ -27,7 +27,7 @@ LRS = [0.2, 0.15, 0.3, 0.05]  # a changing lr, as a schedule's
 SHAPES = {"cpp": [(67, 45), (70001,), (5,)], "triton": [(67, 45), (5,)]}
 # Factored matrices: rows the shorter side (the rows' factor first), columns the shorter one.
 FACTORED = [(130, 140), (150, 130)]
-KERNELS = ["cpp", pytest.param("triton", marks=pytest.mark.slow)]  # (the interpreter)
+KERNELS = BACKENDS_TRITON_SLOW[:2]  # (not the reference itself)
 
 
 def _loaded(kernel: str):
@@ -120,7 +120,7 @@ def test_adafactor_unfactored_sweeps_match_the_reference(kernel, dtype):
             v = ours_v
 
 
-@pytest.mark.parametrize("kernel", ["cpp", "triton", "torch"])
+@pytest.mark.parametrize("kernel", BACKENDS_TRITON_SLOW)
 def test_a_set_skip_flag_writes_nothing_and_a_clear_one_is_the_plain_call(kernel):
     module = _loaded(kernel) if kernel != "torch" else reference
     gen = torch.Generator().manual_seed(3)

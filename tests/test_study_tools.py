@@ -352,6 +352,7 @@ def test_the_loss_over_tokens_draws_the_report_metric(study):
     plt.close(fig)
 
 
+@pytest.mark.slow  # (the tool run as a process)
 def test_plot_help_names_every_input_and_both_metrics():
     result = cli("plot", "--help")
     assert result.returncode == 0, result.stderr

@@ -63,6 +63,7 @@ def test_a_page_without_one_block_is_refused(tmp_path):
     assert result.returncode == 1 and "suite-timing" in result.stderr
 
 
+@pytest.mark.slow  # (pytest run as a process, about 4 s)
 def test_a_tier_run_by_the_script_reads_pytest_s_own_summary(tmp_path):
     """The script running pytest (here on one test, in one process) and reading its real summary line."""
     readme = tmp_path / "README.md"
