@@ -53,6 +53,7 @@ from torch import Tensor
 from . import sharding
 from .base import Optimizer, step_counter
 
+
 class Adafactor(Optimizer):
     """Adafactor, Marek et al.'s composition of optax (the module docstring has the rule).
 
@@ -159,7 +160,6 @@ class Adafactor(Optimizer):
         if rows <= c.shape[0]:
             return (r / r.mean()).rsqrt()[local].contiguous(), c.rsqrt(), True
         return r.rsqrt()[local].contiguous(), (c / c.mean()).rsqrt(), False
-
 
 
 def _factored(shape: torch.Size, min_dim_size_to_factor: int) -> bool:
