@@ -171,7 +171,7 @@ class Trainer:
                                            self.parts)
         # (FSDP2: the norm of the sharded gradient, a replicated DTensor; made a plain tensor.)
         with self.section("clip"):
-            step.grad_norm = self.layout.full_tensor(self.clip())
+            step.grad_norm = self.layout.full_tensor(self.clip(exact=step.log))
         # The norm of the all-reduced gradient: the same verdict on every rank. With float16 an
         # overflowed gradient is the GradScaler's to skip; only a non-finite loss counts then.
         step.finite = total_loss.isfinite() if self.scaler.is_enabled() else step.grad_norm.isfinite()

@@ -1,8 +1,9 @@
 """The project's C++/OpenMP kernels for CPU tensors, built into one extension on first use.
 
 ``csrc/`` holds them: the optimizers' fused passes (``trust_ratio.cpp``, ``sign.cpp``,
-``adam_family.cpp``, ``sgd.cpp``, ``adafactor.cpp``, wrapped by optim/backends/cpp.py) and GPT-2's
-tanh GELU (``gelu.cpp``, wrapped here for model.py); ``common.h`` is what they share. ``build`` compiles them with
+``adam_family.cpp``, ``sgd.cpp``, ``adafactor.cpp``, wrapped by optim/backends/cpp.py), the training
+loop's sum of squares (``norm.cpp``, for training/clipping.py) and GPT-2's tanh GELU (``gelu.cpp``,
+wrapped here for model.py); ``common.h`` is what they share. ``build`` compiles them with
 ``torch.utils.cpp_extension.load`` into torch's extensions directory (``TORCH_EXTENSIONS_DIR``,
 default ``~/.cache/torch_extensions``) the first time, and loads them from there afterwards; torch's
 build lock there makes concurrent ranks wait for one build. Building needs a C++ compiler and ninja
@@ -20,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("trust_ratio.cpp", "sign.cpp", "adam_family.cpp", "sgd.cpp", "adafactor.cpp", "gelu.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in
+           ("trust_ratio.cpp", "sign.cpp", "adam_family.cpp", "sgd.cpp", "adafactor.cpp", "norm.cpp", "gelu.cpp")]
 
 
 @functools.cache

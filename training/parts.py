@@ -76,7 +76,9 @@ class Step:
     number: int
     log: bool = False  # a log step: measured (a host sync), its metrics logged
     final: bool = False  # the run's last step
-    grad_norm: Tensor | None = None  # from commit on: the gradient's norm before clipping (a 0-d tensor)
+    # From commit on: the gradient's norm before clipping (a 0-d tensor): torch's clip_grad_norm_'s on a log
+    # step, within training/clipping.py's bound of it on the others.
+    grad_norm: Tensor | None = None
     finite: Tensor | None = None  # from commit on: whether the gradient was finite (a 0-d bool tensor)
     committed: bool = True  # False (set at commit): the update is dropped (replica groups that disagreed)
 
