@@ -30,7 +30,8 @@ configs/default.py and small the mini-study's model and settings (``mini_study_s
   smallest batch what the loop costs: its step against the model's forward and backward plus the
   optimizer step timed bare on the same tensors (the same model and optimizer, batches read
   beforehand), and against that plus the gradient clip the config asks for, every optimizer's
-  three taking turns step by step (medians, of the steps and of a round's differences); and the
+  three taking turns in blocks of 10 steps, as a run steps one trainer over and over (the medians
+  of a block's steps but its first, then of the rounds' and of a round's differences); and the
   loop step's parts (study/bench.py's section clock).
 
 And, only when named, with ``--checkpoint``:
@@ -175,7 +176,7 @@ def small_batches(config: Path, overrides: list[str], folder: Path, optimizers: 
             for s in settings:
                 per_token[s].append((us[s], us[s] / us[Setting(s.optimizer, largest, largest)], step_ms[s]))
         smallest = {name: trainers[Setting(name, min(batches), min(batches))] for name in optimizers}
-        overhead = loop_overhead(smallest, 20 * rounds)
+        overhead = loop_overhead(smallest, 2 * rounds)
         for name, trainer in smallest.items():
             overhead[name].update(batch=min(batches), parts_ms=breakdown(trainer, 10 * rounds, train.SECTIONS)[0])
         described = [describe(trainer) for trainer in smallest.values()]
@@ -230,39 +231,41 @@ def subnormal_cost(checkpoint: Path, steps: int, rounds: int, saved=None) -> dic
             "grads": sum(g.numel() for g in grads)}
 
 
-def loop_overhead(trainers: dict, steps: int) -> dict[str, dict[str, float]]:
-    """{name: medians in ms over ``steps`` rounds} for the trainers ``{name: trainer}``: a trainer's
+def loop_overhead(trainers: dict, rounds: int, block: int = 10) -> dict[str, dict[str, float]]:
+    """{name: medians in ms over ``rounds`` rounds} for the trainers ``{name: trainer}``: a trainer's
     loop step ("loop"); its model's forward and backward plus the optimizer step and zero_grad alone
     ("bare", with its model and optimizer, on batches of its tokens read beforehand, a new one each
-    round: one batch over and over is learnt by heart, and AdamW's step on it slowed down by 10%);
-    "bare" plus the gradient clip of the config ("clipped", the loop's own: training/clipping.py);
-    and the differences of a round's, "loop - bare" (what the loop adds) and "loop - clipped" (what
-    it adds beyond the clip). Every trainer's three take turns step by step, the
-    order rotating each round: whatever runs first or after another (a cache warm or cold) is each
-    of them in turn."""
-    variants = {}  # {(name, variant): fn(round)}
+    step: one batch over and over is learnt by heart, and AdamW's step on it slowed down by 10%);
+    "bare" plus the gradient clip of the config ("clipped", the loop's own: training/clipping.py, as
+    a step that logs nothing takes it); and the differences of a round's, "loop - bare" (what the
+    loop adds) and "loop - clipped" (what it adds beyond the clip). Each round every trainer's three
+    run ``block`` steps each in turn, the order rotating each round, and a block's value is the
+    median of its steps but the first: a run steps one trainer over and over, its code and data in
+    the caches, which the first step after another's finds cold (taking turns step by step measured
+    the loop's own bookkeeping at twice what it costs in a run)."""
+    variants = {}  # {(name, variant): fn(step index)}
     for name, trainer in trainers.items():
         model, optimizer, config = trainer.model, trainer.optimizer, trainer.config
-        batches = [[t.to(trainer.device) for t in trainer.train_loader.next_batch()] for _ in range(steps + 1)]
+        batches = [[t.to(trainer.device) for t in trainer.train_loader.next_batch()] for _ in range(rounds * block)]
 
         def bare(i: int, clip: bool, model=model, optimizer=optimizer, config=config, batches=batches,
                  gradient_clip=trainer.clip):
             x, y = batches[i]
             model(x, y, z_loss=config.z_loss, logits=False)[1].backward()
             if clip:
-                gradient_clip()
+                gradient_clip(exact=False)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
         variants.update({(name, "loop"): lambda i, trainer=trainer: loop_step(trainer),
                          (name, "bare"): functools.partial(bare, clip=False),
                          (name, "clipped"): functools.partial(bare, clip=True)})
-    for fn in variants.values():
-        fn(steps)  # warm-up, on the batch no round takes
     order, times = list(variants), {key: [] for key in variants}
-    for i in range(steps):
+    for i in range(rounds):
         for key in order[i % len(order):] + order[:i % len(order)]:
-            times[key].append(timed_ms(lambda: variants[key](i), trainers[key[0]].device))
+            device = trainers[key[0]].device
+            steps = [timed_ms(lambda j=j: variants[key](i * block + j), device) for j in range(block)]
+            times[key].append(statistics.median(steps[1:]))
     results = {}
     for name in trainers:
         loop = times[name, "loop"]
