@@ -214,7 +214,7 @@ class Trainer:
         for micro_step in range(accumulation):
             with self.section("data"):
                 offset = self.train_loader.next_offset
-                x, y = self.train_loader.next_batch()  # (on the device: pinned and copied without waiting on CUDA)
+                x, y = self.schedule.batch_schedule.cut(*self.train_loader.next_batch(), self.step)  # (on the device)
             last = micro_step == accumulation - 1  # (gradients are reduced across the ranks on the last one only)
             with self.section("forward"), self.layout.gradient_sync(self.train_model, last), self.autocast:
                 loss = loss_fn(self.train_model, x, y, offset)

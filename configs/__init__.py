@@ -136,6 +136,16 @@ class TrainConfig:
     # the decays held at a fixed half-life in tokens as the batch changes, beta ** (B / B0): any of
     # "beta2", "beta1", "momentum" (Muon's), comma-separated; "": unchanged
     batch_half_life_betas: str = role("experiment", "")
+    # sequence-length warmup (training/seq_len_warmup.py): the first steps train sequences cut to a
+    # length growing from this to the block, by DeepSpeed's pacing (docs/configs.md); 0: off
+    seq_len_warmup_start: int = role("experiment", 0)
+    seq_len_warmup_steps: int = role("experiment", 0)  # the warmup's length in optimizer steps ...
+    seq_len_warmup_tokens: int = role("experiment", 0)  # ... or in tokens read (the whole steps that fit in it)
+    seq_len_warmup_pacing: str = role("experiment", "linear")  # "linear" or "root" (fixed_linear, fixed_root)
+    seq_len_warmup_root_degree: float = role("experiment", 2.0)  # "root": the degree of the root
+    seq_len_warmup_multiple: int = role("experiment", 8)  # every length a multiple of this (difficulty_step)
+    # cut each sequence into block // length rows (Composer's truncate=False) instead of truncating it
+    seq_len_warmup_reshape: bool = role("experiment", False)
 
     # --- schedule: lengths in steps or in tokens (set exactly one of each pair) ---
     max_steps: int = role("experiment", 0)  # the run's length in optimizer steps
@@ -274,6 +284,7 @@ class TrainConfig:
         _check(all(name.isidentifier() for name in self.batch_half_life_betas.split(",") if name),
                f"batch_half_life_betas={self.batch_half_life_betas!r}: give decay names, comma-separated (e.g. "
                f"'beta1,beta2')")
+        self._check_seq_len_warmup()
         for key in ("max_steps", "max_tokens", "warmup_steps", "warmup_tokens"):
             _check(getattr(self, key) >= 0, f"{key}={getattr(self, key)} is negative: a length in steps or tokens "
                                             f"is >= 0 (0 leaves it unset)")
@@ -332,6 +343,27 @@ class TrainConfig:
                f"DDP (or ZeRO-1), or local_steps")
         _check(self.zero_shot_interval >= 0 and (self.zero_shot_limit is None or self.zero_shot_limit > 0),
                "zero_shot_interval must be >= 0 and zero_shot_limit None or > 0")
+
+    def _check_seq_len_warmup(self):
+        """The sequence-length warmup's keys (the block they need is the model's: BatchSchedule checks it)."""
+        if not self.seq_len_warmup_start:
+            return
+        _check(self.seq_len_warmup_multiple > 0 and self.seq_len_warmup_start > 0
+               and self.seq_len_warmup_start % self.seq_len_warmup_multiple == 0,
+               f"seq_len_warmup_start={self.seq_len_warmup_start}: the first length is a positive multiple of "
+               f"seq_len_warmup_multiple={self.seq_len_warmup_multiple}")
+        _check((self.seq_len_warmup_steps > 0) != (self.seq_len_warmup_tokens > 0),
+               f"seq_len_warmup_start={self.seq_len_warmup_start} needs a duration: set exactly one of "
+               f"seq_len_warmup_steps ({self.seq_len_warmup_steps}) and seq_len_warmup_tokens "
+               f"({self.seq_len_warmup_tokens})")
+        _check(self.seq_len_warmup_pacing in ("linear", "root"),
+               f"seq_len_warmup_pacing={self.seq_len_warmup_pacing!r}: use 'linear' or 'root'")
+        _check(self.seq_len_warmup_root_degree > 0,
+               f"seq_len_warmup_root_degree={self.seq_len_warmup_root_degree} must be > 0")
+        # (DeepSpeed's tutorial advises against it too: both shrink the tokens of the early steps.)
+        _check(len(self.batch_schedule) <= 1 and not self.batch_half_life_betas,
+               "seq_len_warmup with a batch_schedule or batch_half_life_betas: both warmups shrink the tokens of "
+               "the early steps, and what one counts the other would move; use one of them")
 
     def _check_replica_groups(self):
         groups = self.replica_groups

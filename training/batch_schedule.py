@@ -35,9 +35,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from torch import Tensor
+
 import optim
 from configs import SCALINGS, ConfigError, TrainConfig
 from training.schedule import LrSchedule, decay_steps
+from training.seq_len_warmup import SeqLenWarmup
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,19 @@ class Phase:
 
 
 class BatchSchedule:
-    """A run's phases (oldest first, the first at step 0) for sequences of ``block_size`` tokens."""
+    """A run's phases (oldest first, the first at step 0) for sequences of ``block_size`` tokens, each
+    step's sequences cut by ``seq_len_warmup`` (None: none): the tokens it counts are those trained."""
 
-    def __init__(self, phases: list[Phase], block_size: int, reference: int):
+    def __init__(self, phases: list[Phase], block_size: int, reference: int,
+                 seq_len_warmup: SeqLenWarmup | None = None):
         self.phases, self.block_size = phases, block_size
         self.reference = reference  # the config's first batch: the lr and decays are set for it
+        self.seq_len_warmup = seq_len_warmup
+        # (With a warmup: the tokens a sequence trains in the steps before each of its steps.)
+        self._trained = [0]
+        if seq_len_warmup is not None:
+            for step in range(seq_len_warmup.steps):
+                self._trained.append(self._trained[-1] + seq_len_warmup.trained_per_sequence(step))
 
     @classmethod
     def of(cls, config: TrainConfig, block_size: int, history: list[Phase] = (), at_step: int = 0) -> BatchSchedule:
@@ -60,7 +71,8 @@ class BatchSchedule:
         ``history``: its phases up to that step, then the config's from there."""
         requested = config.batch_schedule or [[0, config.batch_size]]
         phases = [p for p in history if p.step <= at_step] or [Phase(0, 0, requested[0][1])]
-        schedule = cls(phases, block_size, reference=requested[0][1])
+        schedule = cls(phases, block_size, reference=requested[0][1],
+                       seq_len_warmup=SeqLenWarmup.of(config, block_size))
         origin = schedule.tokens(at_step)
         active = [batch for start, batch in requested if start <= origin][-1]  # the config's batch at the origin
         if phases[-1].step == at_step:  # a phase that begins here takes the config's batch
@@ -87,18 +99,40 @@ class BatchSchedule:
     def phase(self, step: int) -> Phase:
         return self.phases[self.phase_index(step)]
 
+    def trained(self, steps: int) -> int:
+        """The tokens one sequence a step trains over the first ``steps`` steps (``steps`` blocks
+        without a sequence-length warmup)."""
+        warmup = len(self._trained) - 1
+        return self._trained[min(steps, warmup)] + max(0, steps - warmup) * self.block_size
+
     def tokens(self, steps: int) -> int:
-        """The training tokens seen after ``steps`` optimizer steps."""
+        """The training tokens trained after ``steps`` optimizer steps."""
         phase = self.phase(steps)
-        return phase.tokens + (steps - phase.step) * phase.batch * self.block_size
+        return phase.tokens + (self.trained(steps) - self.trained(phase.step)) * phase.batch
 
     def tokens_per_step(self, step: int) -> int:
-        return self.phase(step).batch * self.block_size
+        """The tokens the step after ``step`` steps trains."""
+        return self.tokens(step + 1) - self.tokens(step)
+
+    def cut(self, x: Tensor, y: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+        """A micro-batch's inputs and targets as the step after ``steps`` steps trains them."""
+        return (x, y) if self.seq_len_warmup is None else self.seq_len_warmup.cut(x, y, steps)
+
+    def tokens_read(self, steps: int) -> int:
+        """The tokens read from the data after ``steps`` steps: their sequences' whole blocks."""
+        ends = [p.step for p in self.phases[1:]] + [steps]
+        return sum(max(0, min(steps, end) - p.step) * p.batch * self.block_size for p, end in zip(self.phases, ends))
 
     def steps_within(self, tokens: int) -> int:
         """The most optimizer steps whose tokens fit in ``tokens``."""
         phase = max((p for p in self.phases if p.tokens <= tokens), key=lambda p: p.step)
-        return phase.step + (tokens - phase.tokens) // (phase.batch * self.block_size)
+        if self.seq_len_warmup is None:
+            return phase.step + (tokens - phase.tokens) // (phase.batch * self.block_size)
+        low, high = phase.step, phase.step + (tokens - phase.tokens) // phase.batch + 1  # (a step trains >= 1 token)
+        while high - low > 1:  # the last step whose tokens fit: tokens(low) <= tokens < tokens(high)
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.tokens(middle) <= tokens else (low, middle)
+        return low
 
     # --- the run's lengths, and what follows the batch ---
     def lengths(self, config: TrainConfig) -> tuple[int, int]:
@@ -195,10 +229,10 @@ def with_decay(value, index: int | None, decay: float):
 class StepSchedule:
     """What follows the batch in a run, set from one place: train.py calls ``before_step`` before
     each optimizer step, and a resume or a branch gives it the schedule it trains by (``follow``).
-    When a phase begins: its gradient accumulation, what the optimizer scales by the batch
-    (Sophia-G's Hessian scale) and the decays named by ``batch_half_life_betas`` (beta ** (B / B0),
-    each where its optimizer declares it, from the value it was built with); every step: the lr of
-    the step's tokens, its peak by ``batch_lr_scaling``."""
+    When a phase begins: its gradient accumulation and the decays named by ``batch_half_life_betas``
+    (beta ** (B / B0), each where its optimizer declares it, from the value it was built with); every
+    step: what the optimizer scales by the step's tokens (Sophia-G's Hessian scale) where they
+    changed, and the lr of the step's tokens, its peak by ``batch_lr_scaling``."""
 
     def __init__(self, config: TrainConfig, block_size: int, optimizer, world_size: int):
         self.config, self.block_size, self.optimizer, self.world_size = config, block_size, optimizer, world_size
@@ -217,6 +251,7 @@ class StepSchedule:
         self.total_steps, self.warmup_steps = schedule.lengths(config)
         self.lr_schedule = schedule.lr_schedule(config, self.total_steps, self.warmup_steps)
         self.phase = None  # the phase the run trains in
+        self.step_tokens = None  # the tokens of the step the optimizer was last told of
         self.enter_phase(step)
 
     def resume(self, checkpoint) -> None:
@@ -241,15 +276,19 @@ class StepSchedule:
             return
         self.phase, ratio = phase, self.batch_schedule.ratio(step)
         self.accumulation = self.batch_schedule.accumulation(step, self.config.micro_batch_size, self.world_size)
-        self.optimizer.set_batch_tokens(self.batch_schedule.tokens_per_step(step))
         for number, key, index, built in self.decays:
             group = self.optimizer.param_groups[number]
             group[key] = with_decay(group[key], index, built ** ratio)
 
     def before_step(self, step: int, tokens: int) -> None:
-        """Set the step after ``step`` steps (``tokens`` trained): its phase, then its lr."""
+        """Set the step after ``step`` steps (``tokens`` trained): its phase, the tokens it trains
+        (what the optimizer scales by them: they change with the phase and the sequence length), its lr."""
         self.enter_phase(step)
-        lr = self.lr_schedule(tokens, self.batch_schedule.tokens_per_step(step),
+        step_tokens = self.batch_schedule.tokens_per_step(step)
+        if step_tokens != self.step_tokens:
+            self.optimizer.set_batch_tokens(step_tokens)
+            self.step_tokens = step_tokens
+        lr = self.lr_schedule(tokens, step_tokens,
                               scale=SCALINGS[self.config.batch_lr_scaling](self.batch_schedule.ratio(step)))
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -119,8 +119,9 @@ class MetricsLogger:
 class TrainLoss(Part):
     """At log steps: ``train/loss`` (the mean over the kept steps since the last log step and the
     ranks), the ``lr``, the ``grad_norm`` and the batch of the step (``batch/size`` in sequences,
-    ``batch/tokens_per_step``, ``batch/phase``: its index in the batch schedule), and with
-    nonfinite="skip" the ``skipped_steps`` so far."""
+    ``batch/tokens_per_step``, trained, ``batch/phase``: its index in the batch schedule; with a
+    sequence-length warmup ``batch/seq_len``, the step's, and ``batch/tokens_read``, the tokens read
+    so far, of which ``tokens`` trained), and with nonfinite="skip" the ``skipped_steps`` so far."""
 
     metric_keys = ("train/loss", "lr", "grad_norm", "batch/", "skipped_steps")
 
@@ -131,10 +132,12 @@ class TrainLoss(Part):
         run = self.run
         record = {"train/loss": distributed.all_reduce_mean(run.loss_window.pop_mean(), run.ctx).item(),
                   "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": step.grad_norm.item()}
-        taken = step.number - 1
-        record.update({"batch/size": run.schedule.batch_schedule.phase(taken).batch,
-                       "batch/tokens_per_step": run.schedule.batch_schedule.tokens_per_step(taken),
-                       "batch/phase": run.schedule.batch_schedule.phase_index(taken)})
+        taken, schedule = step.number - 1, run.schedule.batch_schedule
+        record.update({"batch/size": schedule.phase(taken).batch, "batch/phase": schedule.phase_index(taken),
+                       "batch/tokens_per_step": schedule.tokens_per_step(taken)})
+        if schedule.seq_len_warmup is not None:  # (the tokens read and trained differ: the record keeps both)
+            record.update({"batch/seq_len": schedule.seq_len_warmup.length(taken),
+                           "batch/tokens_read": schedule.tokens_read(step.number)})
         if run.config.nonfinite == "skip":
             record["skipped_steps"] = run.nonfinite.skipped
         return record
@@ -151,9 +154,10 @@ class Speed(Part):
     """``tokens_per_s`` at log steps: the tokens trained since the last log step per second of
     wall time, everything included (the instruments, validation, checkpoints; the device waited
     for at log steps only), and ``mfu`` where the device's peak FLOP/s is known (the config's
-    ``peak_flops``, else the GPU's by its name)."""
+    ``peak_flops``, else the GPU's by its name); with a sequence-length warmup also
+    ``tokens_read_per_s``, the tokens read."""
 
-    metric_keys = ("tokens_per_s", "mfu")
+    metric_keys = ("tokens_per_s", "tokens_read_per_s", "mfu")
 
     def __init__(self, run):
         self.run = run
@@ -163,18 +167,22 @@ class Speed(Part):
         self.start()
 
     def start(self) -> None:
-        self.since, self.tokens = time.perf_counter(), 0
+        self.since, self.tokens, self.tokens_read = time.perf_counter(), 0, 0
 
     def after_step(self, step) -> None:
-        self.tokens += self.run.schedule.batch_schedule.tokens_per_step(step.number - 1)
+        schedule = self.run.schedule.batch_schedule
+        self.tokens += schedule.tokens_per_step(step.number - 1)
+        self.tokens_read += schedule.tokens_read(step.number) - schedule.tokens_read(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":
             torch.cuda.synchronize(self.run.device)
         now = time.perf_counter()
-        tokens_per_s = self.tokens / (now - self.since)
-        self.since, self.tokens = now, 0
+        tokens_per_s, schedule = self.tokens / (now - self.since), self.run.schedule.batch_schedule
         record = {"tokens_per_s": tokens_per_s}
+        if schedule.seq_len_warmup is not None:
+            record["tokens_read_per_s"] = self.tokens_read / (now - self.since)
+        self.since, self.tokens, self.tokens_read = now, 0, 0
         if self.peak_flops:
             record["mfu"] = self.run.model.estimate_mfu(tokens_per_s / self.run.layout.data_ranks, self.peak_flops)
         return record
