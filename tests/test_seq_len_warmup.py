@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configs import ConfigError, load_config
-from helpers import TINY_RUN, read_metrics, train_here
+from helpers import TINY_RUN, read_metrics, run_train, train_here
 from train import Trainer
 from training.checkpoint import CHECKPOINT_NAME, Checkpoint
 from training.parts import Step
@@ -135,6 +135,26 @@ def test_a_run_resumed_in_the_warmup_is_the_run_trained_straight(byte_shards, tm
     straight, resumed = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "resumed"))
     assert straight.step == resumed.step == 6 and straight.tokens == resumed.tokens
     assert all(torch.equal(straight.model[k], resumed.model[k]) for k in straight.model)
+
+
+@pytest.mark.slow
+def test_a_run_of_two_ranks_resumed_on_one_in_the_warmup_counts_and_trains_as_the_straight_run(byte_shards, tmp_path):
+    # Accumulation 1 on two ranks, 2 on one: the same cut sequences a step; the counts are equal, the
+    # floats as close as the gradient's all-reduce (another order of the sum) leaves them.
+    common = _config_args(byte_shards, tmp_path, "--max_steps=6", "--seq_len_warmup_start=8",
+                          "--seq_len_warmup_steps=5", "--log_interval=1", "--checkpoint_interval=3")
+    run_train(*common, "--run_name=straight", nproc=2)
+    run_train(*common, "--run_name=split", "--stop_at_step=3", nproc=2)
+    resumed = train_here(*common, "--run_name=split", "--resume")
+    assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
+    straight, split = ([r for r in read_metrics(tmp_path / name) if "train/loss" in r] for name in ("straight", "split"))
+    for key in ("step", "tokens", "batch/seq_len", "batch/tokens_read", "batch/tokens_per_step", "lr"):
+        assert [r[key] for r in split] == [r[key] for r in straight], key
+    assert [r["train/loss"] for r in split] == pytest.approx([r["train/loss"] for r in straight], abs=1e-5)
+    a, b = (Checkpoint.load(tmp_path / name / CHECKPOINT_NAME) for name in ("straight", "split"))
+    assert a.train_loader == b.train_loader
+    for name in a.model:
+        torch.testing.assert_close(a.model[name], b.model[name], atol=1e-5, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("extra,message", [

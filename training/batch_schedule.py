@@ -112,7 +112,11 @@ class BatchSchedule:
 
     def tokens_per_step(self, step: int) -> int:
         """The tokens the step after ``step`` steps trains."""
-        return self.tokens(step + 1) - self.tokens(step)
+        return self.phase(step).batch * (self.trained(step + 1) - self.trained(step))
+
+    def tokens_read_per_step(self, step: int) -> int:
+        """The tokens the step after ``step`` steps reads: its sequences' whole blocks."""
+        return self.phase(step).batch * self.block_size
 
     def cut(self, x: Tensor, y: Tensor, steps: int) -> tuple[Tensor, Tensor]:
         """A micro-batch's inputs and targets as the step after ``steps`` steps trains them."""

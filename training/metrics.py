@@ -172,7 +172,7 @@ class Speed(Part):
     def after_step(self, step) -> None:
         schedule = self.run.schedule.batch_schedule
         self.tokens += schedule.tokens_per_step(step.number - 1)
-        self.tokens_read += schedule.tokens_read(step.number) - schedule.tokens_read(step.number - 1)
+        self.tokens_read += schedule.tokens_read_per_step(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":
