@@ -43,8 +43,8 @@ from training.state import LossWindow, RankRNG, RunState
 # them (the speed measured first; the sinks' start-up lines first); then a config's (extra_parts), then the
 # replica groups' (LAST_PARTS: their quorum follows every other part's after_step).
 PARTS = (metrics.Speed, metrics.TrainLoss, metrics.MetricsLog, console.Console, noise_scale.GradientNoiseScale,
-         qk_clip.QKClip, instruments.OptimizerInstruments, memory.Memory, validation.Validation, instruments.Probe,
-         ZeroShot, Communication)
+         qk_clip.QKClip, instruments.OptimizerInstruments, instruments.SecondMoment, memory.Memory,
+         validation.Validation, instruments.Probe, ZeroShot, Communication)
 LAST_PARTS = (ReplicaGroups,)
 
 # The sections of a training step (Trainer.section: a profiler's ranges). Gradient reduction runs inside

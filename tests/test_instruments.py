@@ -90,3 +90,47 @@ def test_probe_record_keys_and_values_are_the_probe_s():
     assert len(record) == 2 * (2 + 2 * 2) + 2
     assert sorted(k for k in record if is_layer_key(k, "max_logit")) == ["max_logit/layer_00", "max_logit/layer_01"]
     assert math.isfinite(sum(record.values()))
+
+
+def _second_moment_by_hand(optimizer_state: dict) -> dict[str, float]:
+    v = torch.cat([s["exp_avg_sq"].double().flatten() for s in optimizer_state["state"].values()])
+    return {"second_moment/l1": v.abs().sum().item(), "second_moment/l2": v.norm().item(),
+            "second_moment/max": v.abs().max().item(), "second_moment/sqrt_l1": v.sqrt().sum().item(),
+            "second_moment/sqrt_l2": v.sqrt().norm().item(), "second_moment/sqrt_max": v.sqrt().max().item()}
+
+
+@pytest.mark.parametrize("name,options", [  # (AdamW in the quick tier, the others in the full suite)
+    ("adamw", {}), pytest.param("merit", {}, marks=pytest.mark.slow),
+    pytest.param("adafactor", {}, marks=pytest.mark.slow), pytest.param("sgd", {}, marks=pytest.mark.slow),
+    pytest.param("adafactor", {"min_dim_size_to_factor": 8}, marks=pytest.mark.slow)])
+def test_the_second_moment_is_recorded_as_megatron_deepspeed_takes_it(byte_shards, tmp_path, name, options):
+    # The last step's record against the statistics of the checkpoint's state (saved after that
+    # step) computed by hand (Adafactor's unfactored v: the tiny model's matrices are under its
+    # factoring size); nothing for SGD (no state) and Adafactor's factored matrices (no whole v).
+    from helpers import TINY_RUN, read_metrics, train_here
+    from training.checkpoint import CHECKPOINT_NAME, Checkpoint
+    train_here(*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--batch_size=2",
+               "--micro_batch_size=2", f"--optimizer={name}", f"--optimizer_options={options}", "--max_steps=3",
+               "--warmup_steps=1", "--log_interval=3")
+    last = [r for r in read_metrics(tmp_path / "default") if "train/loss" in r][-1]
+    recorded = {k: v for k, v in last.items() if k.startswith("second_moment/")}
+    if name == "sgd" or options:
+        assert recorded == {}
+        return
+    expected = _second_moment_by_hand(Checkpoint.load(tmp_path / "default" / CHECKPOINT_NAME).optimizer)
+    assert recorded == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [["--zero_stage=1"], ["--fsdp"]])
+def test_a_sharded_second_moment_is_summed_over_the_ranks(byte_shards, tmp_path, strategy):
+    # Two ranks holding a share of the state each (ZeRO-1: whole parameters; FSDP2: rows) against
+    # DDP's replicated state, the same run otherwise: the same statistics (the sums' order aside).
+    from helpers import TINY_RUN, read_metrics, run_train
+    common = [*TINY_RUN, f"--data_dir={byte_shards}", f"--out_dir={tmp_path}", "--batch_size=4",
+              "--micro_batch_size=2", "--optimizer=adamw", "--max_steps=3", "--warmup_steps=1", "--log_interval=3"]
+    for name, extra in (("ddp", []), ("sharded", strategy)):
+        run_train(*common, f"--run_name={name}", *extra, nproc=2)
+    ddp, sharded = ({k: v for k, v in [r for r in read_metrics(tmp_path / name) if "train/loss" in r][-1].items()
+                     if k.startswith("second_moment/")} for name in ("ddp", "sharded"))
+    assert len(ddp) == 6 and sharded == pytest.approx(ddp, rel=1e-6)

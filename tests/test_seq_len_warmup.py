@@ -147,7 +147,8 @@ def test_a_run_of_two_ranks_resumed_on_one_in_the_warmup_counts_and_trains_as_th
     run_train(*common, "--run_name=split", "--stop_at_step=3", nproc=2)
     resumed = train_here(*common, "--run_name=split", "--resume")
     assert "resuming on 1 ranks from a checkpoint of 2" in resumed.stdout
-    straight, split = ([r for r in read_metrics(tmp_path / name) if "train/loss" in r] for name in ("straight", "split"))
+    straight, split = ([r for r in read_metrics(tmp_path / name) if "train/loss" in r]
+                       for name in ("straight", "split"))
     for key in ("step", "tokens", "batch/seq_len", "batch/tokens_read", "batch/tokens_per_step", "lr"):
         assert [r[key] for r in split] == [r[key] for r in straight], key
     assert [r["train/loss"] for r in split] == pytest.approx([r["train/loss"] for r in straight], abs=1e-5)

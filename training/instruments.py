@@ -162,6 +162,46 @@ class OptimizerInstruments(Part):
         return {**self.optimizer.pop_diagnostics(), **self.statistics.pop()}
 
 
+class SecondMoment(Part):
+    """At log steps, the second-moment state of an Adam-style optimizer (``exp_avg_sq``, the shape of
+    its parameter, for every parameter stepped): the gradient-variance signal of Li, Zhang and He
+    2022, whose extreme values precede a loss spike, to read beside the max attention logit. The
+    statistics Megatron-DeepSpeed logs for that paper (``--log-optimizer-states-to-tensorboard``),
+    over all parameters: ``second_moment/l1`` (its "variance_l1"), ``/l2``, ``/max`` ("abs_max"),
+    and of its square root, Adam's denominator, ``/sqrt_l1``, ``/sqrt_l2``, ``/sqrt_max``; taken
+    in float64, each rank's share of a sharded state summed (the maxima: the largest) over the
+    ranks. Nothing for an optimizer without such a state (SGD, Lion, Adafactor's factored one)."""
+
+    metric_keys = ("second_moment/",)
+
+    def __init__(self, run):
+        self.run = run
+
+    def measure(self, step: Step) -> dict[str, float]:
+        optimizer = getattr(self.run.optimizer, "optim", self.run.optimizer)  # (ZeRO-1: this rank's share)
+        # l1, l2 squared, sqrt l1; the states found, and the states without a whole second moment
+        sums = torch.zeros(5, dtype=torch.float64, device=self.run.device)
+        largest = torch.zeros(1, dtype=torch.float64, device=self.run.device)
+        for p, state in optimizer.state.items():
+            v = state.get("exp_avg_sq")
+            if v is None or local(v).shape != local(p).shape:
+                sums[4] += 1
+                continue
+            v = local(v).detach().double()
+            sums[:4] += torch.stack([v.sum(), (v * v).sum(), v.sqrt().sum(), v.new_ones(())])
+            if v.numel():  # (an FSDP2 shard may hold no rows)
+                largest = torch.maximum(largest, v.max().reshape(1))
+        if self.run.layout.shard is not None:  # (every rank, a share each: in step, whatever its share holds)
+            dist.all_reduce(sums, group=self.run.layout.shard)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.run.layout.shard)
+        l1, l2_squared, sqrt_l1, found, without, biggest = torch.cat([sums, largest]).tolist()
+        if not found or without:
+            return {}
+        return {"second_moment/l1": l1, "second_moment/l2": l2_squared ** 0.5, "second_moment/max": biggest,
+                "second_moment/sqrt_l1": sqrt_l1, "second_moment/sqrt_l2": l1 ** 0.5,
+                "second_moment/sqrt_max": biggest ** 0.5}
+
+
 class Probe(Part):
     """``probe_record`` of the evaluated model (``run.evaluated_model()``) at log steps, on a fixed
     batch: the first ``probe_batch_size`` sequences of the validation split."""
