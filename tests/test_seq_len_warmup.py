@@ -102,6 +102,7 @@ def test_every_count_follows_the_tokens_trained(byte_shards, tmp_path):
     assert [r["tokens"] for r in records] == [32, 96, 192, 320, 448, 576]
     assert [r["batch/tokens_per_step"] for r in records] == [32, 64, 96, 128, 128, 128]
     assert [r["batch/tokens_read"] for r in records] == [128 * k for k in range(1, 7)]
+    assert [r["batch/tokens_read_per_step"] for r in records] == [128] * 6
     # The lr schedule runs in tokens trained: warmup over the first 2 steps' 96 tokens, cosine to 576.
     peak, floor = 0.003, 0.0003
     expected = [peak * 32 / 96, peak * 96 / 96] + [floor + 0.5 * (peak - floor) * (1 + math.cos(

@@ -120,8 +120,9 @@ class TrainLoss(Part):
     """At log steps: ``train/loss`` (the mean over the kept steps since the last log step and the
     ranks), the ``lr``, the ``grad_norm`` and the batch of the step (``batch/size`` in sequences,
     ``batch/tokens_per_step``, trained, ``batch/phase``: its index in the batch schedule; with a
-    sequence-length warmup ``batch/seq_len``, the step's, and ``batch/tokens_read``, the tokens read
-    so far, of which ``tokens`` trained), and with nonfinite="skip" the ``skipped_steps`` so far."""
+    sequence-length warmup ``batch/seq_len``, the step's, ``batch/tokens_read_per_step`` and
+    ``batch/tokens_read``, the tokens read so far, of which ``tokens`` trained), and with
+    nonfinite="skip" the ``skipped_steps`` so far."""
 
     metric_keys = ("train/loss", "lr", "grad_norm", "batch/", "skipped_steps")
 
@@ -137,6 +138,7 @@ class TrainLoss(Part):
                        "batch/tokens_per_step": schedule.tokens_per_step(taken)})
         if schedule.seq_len_warmup is not None:  # (the tokens read and trained differ: the record keeps both)
             record.update({"batch/seq_len": schedule.seq_len_warmup.length(taken),
+                           "batch/tokens_read_per_step": schedule.tokens_read_per_step(taken),
                            "batch/tokens_read": schedule.tokens_read(step.number)})
         if run.config.nonfinite == "skip":
             record["skipped_steps"] = run.nonfinite.skipped
