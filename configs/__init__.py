@@ -347,6 +347,10 @@ class TrainConfig:
     def _check_seq_len_warmup(self):
         """The sequence-length warmup's keys (the block they need is the model's: BatchSchedule checks it)."""
         if not self.seq_len_warmup_start:
+            defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("seq_len_warmup_")}
+            stray = [key for key, default in defaults.items() if getattr(self, key) != default]
+            _check(not stray, f"{', '.join(stray)} without seq_len_warmup_start: the warmup is off; set "
+                              f"seq_len_warmup_start (its first length) or drop them")
             return
         _check(self.seq_len_warmup_multiple > 0 and self.seq_len_warmup_start > 0
                and self.seq_len_warmup_start % self.seq_len_warmup_multiple == 0,

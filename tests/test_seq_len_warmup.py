@@ -162,6 +162,8 @@ def test_a_run_of_two_ranks_resumed_on_one_in_the_warmup_counts_and_trains_as_th
 @pytest.mark.parametrize("extra,message", [
     (["--seq_len_warmup_start=12"], "a positive multiple of seq_len_warmup_multiple=8"),
     (["--seq_len_warmup_start=8"], "needs a duration"),
+    (["--seq_len_warmup_steps=4", "--seq_len_warmup_reshape=True"],
+     "seq_len_warmup_steps, seq_len_warmup_reshape without seq_len_warmup_start"),
     (["--seq_len_warmup_start=8", "--seq_len_warmup_steps=4", "--seq_len_warmup_pacing=cubic"], "use 'linear' or"),
     (["--seq_len_warmup_start=8", "--seq_len_warmup_steps=4", "--batch_schedule=[(0, 4), (1000, 8)]"],
      "both warmups shrink the tokens of the early steps"),

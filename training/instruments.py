@@ -178,6 +178,8 @@ class SecondMoment(Part):
         self.run = run
 
     def measure(self, step: Step) -> dict[str, float]:
+        if not self.run.layout.measures_optimizer():  # (a replicated state: the main rank's is every rank's)
+            return {}
         optimizer = getattr(self.run.optimizer, "optim", self.run.optimizer)  # (ZeRO-1: this rank's share)
         # l1, l2 squared, sqrt l1; the states found, and the states without a whole second moment
         sums = torch.zeros(5, dtype=torch.float64, device=self.run.device)

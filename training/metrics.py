@@ -174,7 +174,8 @@ class Speed(Part):
     def after_step(self, step) -> None:
         schedule = self.run.schedule.batch_schedule
         self.tokens += schedule.tokens_per_step(step.number - 1)
-        self.tokens_read += schedule.tokens_read_per_step(step.number - 1)
+        if schedule.seq_len_warmup is not None:  # (else the tokens read are those trained: nothing more a step)
+            self.tokens_read += schedule.tokens_read_per_step(step.number - 1)
 
     def measure(self, step) -> dict[str, float]:
         if self.run.device.type == "cuda":
