@@ -8,6 +8,7 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --preset llama_cures --archive docs/mini_study/llama_cures.tar.xz
     python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
     python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz
+    python -m scripts.mini_study --preset seq_len_warmup --archive docs/mini_study/seq_len_warmup.tar.xz
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -36,6 +37,13 @@ QK-Norm, z-loss, QK-Clip or soft-capping, and MERIT, beside plain AdamW) at one 
 (4,096 tokens a step, above the critical batch this axis found), one seed, on the same data, budget
 and protocol; the grid centres are the paper preset's AdamW's and MERIT's. Written to
 runs/mini_study_llama_cures.
+
+``--preset seq_len_warmup``: sequence-length warmup (Li, Zhang and He 2022), the data side's cure, beside
+the optimizer side's on the same small Llama, batch and data (``SEQ_LEN_WARMUP``: AdamW, AdamW with the
+warmup, AdamW with QK-Clip, MERIT, MERIT with the warmup), at the lr where AdamW's logits run away in
+the llama_cures preset (3x its best lr there: AdamW's 0.009, MERIT's 0.0636), each at that one lr (no
+grid: the lr is the question's), 3 seeds, every run on the same TOKENS tokens trained (the warmup's
+runs read more, and take more steps, to train as many). Written to runs/mini_study_seq_len_warmup.
 
 ``--preset small_batch``: the small-batch end (Marek et al. 2025, "Small Batch Size Training for
 Language Models") at the authors' settings: no gradient clipping, weight decay 0 below batch 512,
@@ -111,6 +119,20 @@ CURES = {
                        "final_logit_softcap": CURES_FINAL_SOFTCAP}, 3e-3, 0.0),
     "merit": ({"optimizer": "merit"}, 3e-2, 0.5),
 }
+# Sequence-length warmup against the optimizer side's cures, at 3x each optimizer's best lr of the
+# llama_cures preset (AdamW 3e-3, MERIT 3e-2 x sqrt(64 / 128)), where AdamW's largest attention logit
+# peaked at 189 against 34 at its best lr, MERIT's at 4.7e5. The warmup is the paper's shape at this
+# block: from 8 tokens (its start and DeepSpeed's difficulty_step) linearly to the block of 64 over 64
+# steps, a quarter of a plain run's 256 and about 5x the lr warmup's 13, as the paper's runs are a few
+# times their lr warmup. QK-Clip's tau is the cures preset's.
+SEQ_LEN_WARMUP_KEYS = {"seq_len_warmup_start": 8, "seq_len_warmup_steps": 64}
+SEQ_LEN_WARMUP = {
+    "adamw": ({"optimizer": "adamw"}, 9e-3, 0.0),
+    "adamw_slw": ({"optimizer": "adamw", **SEQ_LEN_WARMUP_KEYS}, 9e-3, 0.0),
+    "adamw_qkclip": ({"optimizer": "adamw", "qk_clip_tau": CURES_QK_CLIP_TAU}, 9e-3, 0.0),
+    "merit": ({"optimizer": "merit"}, 9e-2, 0.5),
+    "merit_slw": ({"optimizer": "merit", **SEQ_LEN_WARMUP_KEYS}, 9e-2, 0.5),
+}
 # The small-batch end (Marek et al. 2025, "Small Batch Size Training for Language Models": down to
 # one sequence, beta2 held at its half-life in tokens, plain SGD and Adafactor competitive, a wider
 # range of good lrs, accumulation wasteful), at the authors' settings (martin-marek/batch-size,
@@ -159,6 +181,8 @@ class Preset(NamedTuple):
     changes_at: dict = {}  # {batch: config changes of every point at that batch}
     lr_factor: float = LR_FACTOR  # between the grid's neighbouring lrs
     extend: int = 2  # the default --extend
+    lr_points: int = 3  # lrs in each point's first grid: 3 around its centre, or 1, the centre alone (then
+    # no grid grows and every seed runs at once: nothing is selected)
     half_life_batch: int = REFERENCE_BATCH  # the batch whose decays a half-life rule holds in tokens
 
 
@@ -173,6 +197,8 @@ PRESETS = {
                           {"grad_clip": 0.0, "weight_decay": 0.0, "min_lr": 0.0, "flush_denormals": True}, SMALL_BATCHES, 3,
                           micro_steps=1, only_at=SMALL_BATCH_ONLY_AT, changes_at=SMALL_BATCH_CHANGES_AT,
                           lr_factor=2.0, extend=3, half_life_batch=512),
+    "seq_len_warmup": Preset(SEQ_LEN_WARMUP, {}, Path("runs/mini_study_seq_len_warmup"), (),
+                             {"model": "llama_nano", "n_embd": 128}, (64,), 3, extend=0, lr_points=1),
 }
 
 
@@ -213,7 +239,7 @@ class Studied:
         """Seed 0 at one lr past the grid's edge where the best lr is on it (below it where none
         finished), while the grid holds fewer than 3 + ``extend`` lrs."""
         selection, grid = self.state()
-        if len(grid) >= 3 + extend:
+        if len(grid) >= self.preset.lr_points + extend:
             return []
         if selection is None or selection.lr == grid[0]:
             return self.add([round_lr(grid[0] / self.preset.lr_factor)], [0])
@@ -257,15 +283,17 @@ def main(argv=None) -> None:
                              "2025 benchmark's five, beside the paper preset's AdamW, MERIT and Muon; llama_cures: "
                              "the five logit cures on the small Llama; small_batch: batches down to one sequence "
                              "(AdamW with beta2 by half-life, SGD, Adafactor, MERIT) and AdamW at 1 and 512, at "
-                             "Marek et al.'s settings")
+                             "Marek et al.'s settings; seq_len_warmup: sequence-length warmup beside QK-Clip and "
+                             "MERIT at the lr where AdamW's logits run away")
     parser.add_argument("--out", type=Path, help="default: runs/mini_study, runs/mini_study_benchmark, "
-                                                 "runs/mini_study_llama_cures, runs/mini_study_small_batch")
+                                                 "runs/mini_study_llama_cures, runs/mini_study_small_batch, "
+                                                 "runs/mini_study_seq_len_warmup")
     parser.add_argument("--optimizers", help=f"comma-separated (default: the preset's), of: "
                                              f"{', '.join([*OPTIMIZERS, *EXTRAS])} (the last two at the largest "
-                                             f"batch only), {', '.join(BENCHMARK)}, {', '.join(CURES)} or "
-                                             f"{', '.join(SMALL_BATCH)}")
+                                             f"batch only), {', '.join(BENCHMARK)}, {', '.join(CURES)}, "
+                                             f"{', '.join(SMALL_BATCH)} or {', '.join(SEQ_LEN_WARMUP)}")
     parser.add_argument("--batches", help="global batches (sequences; default: the preset's, "
-                                          f"{','.join(map(str, BATCHES))}, llama_cures' 64 or small_batch's "
+                                          f"{','.join(map(str, BATCHES))}, llama_cures' and seq_len_warmup's 64 or small_batch's "
                                           f"{','.join(map(str, SMALL_BATCHES))}; an optimizer the preset runs at "
                                           f"some batches only runs at those of them)")
     parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "
@@ -307,8 +335,10 @@ def main(argv=None) -> None:
                for name in names for batch in batches if (name in every_batch or batch == batches[-1])
                and batch in preset.only_at.get(name, (batch,))]
 
-    print(f"mini-study stage 1: the lr, seed 0, {len(studied)} points x 3 lrs")
-    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch, preset.lr_factor), [0])]
+    first_seeds = [0] if preset.lr_points > 1 else list(range(n_seeds))
+    print(f"mini-study stage 1: the lr, seeds {first_seeds}, {len(studied)} points x {preset.lr_points} lrs")
+    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch, preset.lr_factor, preset.lr_points),
+                                               first_seeds)]
     if args.dry_run:
         print(sweep.table(first))
         print(f"mini-study: a dry run: {base} and {len(first)} point files written under {out}, nothing trained")

@@ -34,11 +34,13 @@ def schedule(batch: int, tokens: int, block: int, micro_steps: int = 2) -> dict:
             "log_interval": max(1, steps // 16)}
 
 
-def lr_grid(centre: float, exponent: float, batch: int, factor: float = LR_FACTOR) -> list[float]:
-    """Three lrs a ``factor`` apart around ``centre`` (the lr at REFERENCE_BATCH) scaled to
-    ``batch`` by (batch ratio) ** ``exponent``, rounded."""
+def lr_grid(centre: float, exponent: float, batch: int, factor: float = LR_FACTOR, points: int = 3) -> list[float]:
+    """``points`` lrs (an odd number: 3, or 1, the centre alone) a ``factor`` apart around ``centre``
+    (the lr at REFERENCE_BATCH) scaled to ``batch`` by (batch ratio) ** ``exponent``, rounded."""
+    if points % 2 == 0:
+        raise ValueError(f"lr_grid: points={points}: an odd number, so that the centre is one of them")
     lr = centre * (batch / REFERENCE_BATCH) ** exponent
-    return [round_lr(lr / factor), round_lr(lr), round_lr(lr * factor)]
+    return [round_lr(lr * factor ** i) for i in range(-(points // 2), points // 2 + 1)]
 
 
 def round_lr(lr: float) -> float:
