@@ -133,6 +133,25 @@ chose, it says so):
   momentum at DiLoCo's published lr 0.7 and momentum 0.9, meetings every H = 500 steps (the paper's)
   and 100; the 20 tokens per parameter rounded down to whole rounds of H steps (``max_steps``: a
   run's last steps must meet).
+* the sequence-length warmup points (Li, Zhang and He 2022, "The Stability-Efficiency Dilemma"), GPT-2
+  Small (their 117M) on configs/gpt2_small_owt.py (OpenWebText; theirs is Megatron-LM's corpus of
+  Wikipedia, CC-Stories, RealNews and OpenWebText), with the recipe of the first author's scripts
+  (github.com/microsoft/DeepSpeedExamples, Megatron-LM-v1.1.5-ZeRO3/curriculum_learning/ds_train.sh of
+  2021-08-14 for 117M and of 2021-10-29 for the batch-4K point; ds_pretrain_gpt2.sh and the DeepSpeed
+  configs beside them): 157,286,400,000 tokens trained (300,000 steps of 512 x 1,024), a warmup of
+  3,000 steps, cosine to 1e-5 over every token, weight decay 0.01, clip 1.0, Adam's betas (0.9, 0.95),
+  fp16 with a dynamic loss scale, and Megatron-LM's GPT-2 (dropout 0.1, biases: its defaults, which the
+  scripts keep). The baseline is batch 512 at lr 1.5e-4 (``gpt2_small_adamw_li_b512``), with the
+  warmup its 117M script sets: from 8 tokens over 40,000 steps, fixed_linear, lengths multiples of 8
+  (``gpt2_small_adamw_li_slw_b512``); the stability-efficiency point is 8x the batch and 4x the lr,
+  4,096 at 6e-4 (their batch-4K script's), plain (the baseline that struggles) and with the warmup from
+  8 tokens (117M's start) over 45,000 steps: their batch-4K script's duration, set for their 1.5B model:
+  the duration of their 117M batch-4K runs is in none of their scripts, and the paper tunes it per
+  model (the largest that keeps the validation loss smooth over the first few lr warmups); a sweep
+  should too (``--grid seq_len_warmup_steps=...``). The same batch-4K pair with MERIT at its
+  published lr 2e-4 (``gpt2_small_merit_li_{,slw_}b4k``), MERIT's weight decay being the recipe's.
+  Their lr warmup counts steps; here it counts tokens trained and ends at the same step
+  (docs/configs.md).
 """
 import argparse
 import sys
@@ -186,6 +205,15 @@ DILOCO_GROUPS = 8  # Douillard et al. 2023's replicas
 DILOCO_H = (100, 500)  # inner steps between meetings: the paper's 500, and 100
 DILOCO_OUTER = (0.7, 0.9)  # the outer SGD's lr and Nesterov momentum, the paper's
 RAMP = [(0, 768), (2_400_000_000, 1536), (7_200_000_000, 3072), (16_800_000_000, 6144)]
+LI_TOKENS = 157_286_400_000  # 300,000 steps of 512 x 1,024 tokens: the scripts' NUM_TOKEN
+LI = {  # Li, Zhang and He's points: (optimizer, batch, peak lr, the warmup's (start, steps) or None)
+    "adamw_li_b512": ("adamw", 512, 1.5e-4, None),
+    "adamw_li_slw_b512": ("adamw", 512, 1.5e-4, (8, 40_000)),
+    "adamw_li_b4k": ("adamw", 4096, 6e-4, None),
+    "adamw_li_slw_b4k": ("adamw", 4096, 6e-4, (8, 45_000)),
+    "merit_li_b4k": ("merit", 4096, 2e-4, None),
+    "merit_li_slw_b4k": ("merit", 4096, 2e-4, (8, 45_000)),
+}
 WARMUP_FRACTION = 0.02
 WARMUP_FLOOR = 30
 BLOCK = 1024
@@ -271,6 +299,9 @@ def points() -> dict[str, dict]:
             for h in DILOCO_H:
                 out[f"gpt2_{size}_{optimizer}_diloco_h{h}_b1k"] = {**out[f"gpt2_{size}_{optimizer}_b1k"],
                                                                    "family": "diloco", "local_steps": h}
+    for name, (optimizer, batch, lr, warmup) in LI.items():
+        out[f"gpt2_small_{name}"] = {"base": MODELS["small"][0], "family": "li", "optimizer": optimizer,
+                                     "batch": batch, "lr": lr, "seq_len_warmup": warmup}
     for optimizer, batch, lr, settings in MAREK:
         out[f"gpt2_small_{optimizer}_marek_b{batch}"] = {
             "base": MODELS["small"][0], "family": "marek", "optimizer": optimizer, "batch": batch,
@@ -290,6 +321,8 @@ def render(stem: str, point: dict) -> str:
         return render_marek(stem, point)
     if point["family"] == "diloco":
         return render_diloco(stem, point)
+    if point["family"] == "li":
+        return render_li(stem, point)
     tokens = point["tokens"]
     what = f"GPT-2 {point['size'].capitalize()}, {point['optimizer']}"
     if "ablation" in point:
@@ -409,6 +442,44 @@ def render_diloco(stem: str, point: dict) -> str:
              f"at least {WARMUP_FLOOR}",
              f"lr = {point['lr']:g}  # the inner optimizer's, published for batch 480; grid-search it",
              f"min_lr = {point['min_lr']:g}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_li(stem: str, point: dict) -> str:
+    """A sequence-length warmup point's file (the module docstring says why each value)."""
+    batch, warmup, optimizer = point["batch"], point["seq_len_warmup"], point["optimizer"]
+    what = f"GPT-2 Small (their 117M), {optimizer}" + (" with the warmup" if warmup else "")
+    lr_source = ("the MERIT authors' default (their recipe is Adam's)" if optimizer == "merit" else
+                 "the scripts' baseline" if batch == 512 else "4x the baseline's at 8x its batch, the scripts'")
+    lines = ["# Li, Zhang and He 2022, sequence-length warmup: "
+             f"{what}, batch {batch} x {BLOCK} tokens,",
+             "# the first author's recipe (microsoft/DeepSpeedExamples, Megatron-LM-v1.1.5-ZeRO3/curriculum_learning/); "
+             "OpenWebText here.",
+             "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
+             f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
+             "",
+             f'run_name = "{stem}"',
+             f'optimizer = "{optimizer}"',
+             f"batch_size = {batch}",
+             f"micro_batch_size = {MODELS['small'][2]}  # x 8 GPUs divides batch_size",
+             "max_steps = 0",
+             f"max_tokens = {LI_TOKENS:_}  # trained, the scripts' NUM_TOKEN (300,000 steps of 512)",
+             "warmup_steps = 3_000  # the scripts'",
+             f"lr = {point['lr']:g}  # {lr_source}",
+             "min_lr = 1e-05  # cosine over every token to the scripts' min-lr",
+             "weight_decay = 0.01  # the scripts'",
+             "dtype = \"float16\"  # the scripts' fp16, with a dynamic loss scale",
+             "dropout = 0.1  # Megatron-LM's GPT-2, as the scripts keep it",
+             "bias = True"]
+    if optimizer == "adamw":
+        lines += ["beta1 = 0.9  # the scripts' Adam", "beta2 = 0.95"]
+    if warmup:
+        start, steps = warmup
+        source = ("their 117M script's" if batch == 512 else
+                  "their batch-4K script's (their 1.5B); grid-search it: --grid seq_len_warmup_steps=...")
+        lines += [f"seq_len_warmup_start = {start}  # their 117M script's first length",
+                  f"seq_len_warmup_steps = {steps:_}  # {source}",
+                  'seq_len_warmup_pacing = "linear"  # fixed_linear, lengths multiples of 8 (difficulty_step)']
     return "\n".join(lines) + "\n"
 
 

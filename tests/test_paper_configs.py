@@ -14,13 +14,15 @@ from helpers import ROOT
 from model import GPT
 from training.batch_schedule import BatchSchedule
 from training.run_config import resolve_config
+from training.seq_len_warmup import SeqLenWarmup
 
 PAPER = ROOT / "configs" / "paper"
 FILES = sorted(PAPER.glob("*.py"))
 MAREK_FILES = [path for path in FILES if "_marek_" in path.stem]
 DILOCO_FILES = [path for path in FILES if "_diloco_" in path.stem]
+LI_FILES = [path for path in FILES if "_li_" in path.stem]
 GPT2_FILES, LLAMA_FILES = ([path for path in FILES if path.stem.startswith(family)
-                            and path not in MAREK_FILES + DILOCO_FILES] for family in ("gpt2_", "llama_"))
+                            and path not in MAREK_FILES + DILOCO_FILES + LI_FILES] for family in ("gpt2_", "llama_"))
 NAME = re.compile(r"gpt2_(small|medium|large)_(adamw_schedulefree|adamw|lamb|merit|lion|sophiag|muon|muonclip|"
                   r"ademamix|mars|soap|dmuon)(?:_(\w+?))?_b(480|1k|2k|4k|6k|8k)$")
 
@@ -72,6 +74,18 @@ MAREK = {
 }
 
 
+# Li, Zhang and He 2022 (sequence-length warmup), from the first author's scripts (microsoft/DeepSpeedExamples,
+# Megatron-LM-v1.1.5-ZeRO3/curriculum_learning/: ds_train.sh of 2021-08-14, GPT-2 117M, and of 2021-10-29, the
+# batch-4K point; ds_pretrain_gpt2.sh; ds_zero_stage_2_config_curriculum_fixed_linear.json): per point, the
+# peak lr and the warmup's (first length, steps), None without one. MERIT: its published lr, 2e-4.
+LI_NAME = re.compile(r"gpt2_small_(adamw|merit)_li_(slw_)?b(512|4k)$")
+LI = {
+    ("adamw", None, "512"): (1.5e-4, None), ("adamw", "slw_", "512"): (1.5e-4, (8, 40_000)),
+    ("adamw", None, "4k"): (6e-4, None), ("adamw", "slw_", "4k"): (6e-4, (8, 45_000)),
+    ("merit", None, "4k"): (2e-4, None), ("merit", "slw_", "4k"): (2e-4, (8, 45_000)),
+}
+
+
 def test_the_files_are_what_the_generator_writes():
     result = subprocess.run([sys.executable, "-m", "scripts.paper_configs", "--check"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
@@ -85,7 +99,8 @@ def test_the_files_are_what_the_generator_writes():
     assert len(GPT2_FILES) == 3 * 12 * 6 + 4 + 3 * 6 + 3 * 6 + 4 + 2 + 6 and len(LLAMA_FILES) == 2 * 4 * 6
     assert sorted(MAREK_NAME.fullmatch(path.stem).groups() for path in MAREK_FILES) == sorted(MAREK)
     assert len(DILOCO_FILES) == 2 * 2 * 2  # GPT-2 Small and Medium x AdamW and MERIT x H = 100, 500
-    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) + len(MAREK_FILES) + len(DILOCO_FILES)
+    assert {LI_NAME.fullmatch(path.stem).groups() for path in LI_FILES} == set(LI)
+    assert len(FILES) == len(GPT2_FILES) + len(LLAMA_FILES) + len(MAREK_FILES) + len(DILOCO_FILES) + len(LI_FILES)
     assert f"{len(FILES)} files, as written" in result.stdout
 
 
@@ -238,6 +253,36 @@ def test_every_marek_point_resolves_to_the_authors_settings(path):
     with torch.device("meta"):
         model = GPT(model_config)
     assert abs(model.num_params(non_embedding=False) / PARAMETERS["small"] - 1) < 0.01
+
+
+@pytest.mark.parametrize("path", LI_FILES, ids=lambda p: p.stem)
+def test_every_sequence_length_warmup_point_resolves_to_the_authors_recipe(path):
+    """157,286,400,000 tokens trained (300,000 steps of 512 x 1,024), 3,000 warmup steps, cosine to 1e-5,
+    weight decay 0.01, clip 1.0, Adam's betas (0.9, 0.95), fp16, Megatron-LM's GPT-2 117M (dropout 0.1,
+    biases); the warmup's lengths by DeepSpeed's fixed_linear worked here by hand."""
+    optimizer, slw, batch = LI_NAME.fullmatch(path.stem).groups()
+    lr, warmup = LI[optimizer, slw, batch]
+    config = load_config(path, [])
+    resolved = resolve_config(config).config
+    assert (config.run_name, config.optimizer, config.batch_size) == (path.stem, optimizer, BATCH.get(batch, 512))
+    assert (config.max_steps, config.max_tokens) == (0, 300_000 * 512 * 1024)
+    assert (config.warmup_steps, config.lr_schedule, config.lr, config.min_lr) == (3_000, "cosine", lr, 1e-5)
+    assert (resolved.weight_decay, config.grad_clip, config.dtype) == (0.01, 1.0, "float16")
+    assert (resolved.beta1, resolved.beta2) == (0.9, 0.95)
+    BatchSchedule.of(config, 1024).check_divisible(config.micro_batch_size, 8)
+    model_config = config.model_config(50257)
+    assert (model_config.n_layer, model_config.n_head, model_config.n_embd) == LAYERS["small"]
+    assert (model_config.block_size, model_config.dropout, model_config.bias) == (1024, 0.1, True)
+    part = SeqLenWarmup.of(config, 1024)
+    if warmup is None:
+        assert part is None and config.seq_len_warmup_start == 0
+        return
+    start, steps = warmup
+    assert (part.start, part.steps, part.pacing, part.multiple, part.reshape) == (start, steps, "linear", 8, False)
+    # DeepSpeed's fixed_linear at its global_steps + 1 = k: floor(k / steps x (1024 - 8) + 8), down to a multiple of 8.
+    for k in (1, steps // 4, steps // 2, steps - 1, steps, steps + 1):
+        length = int(k / steps * (1024 - start) + start)
+        assert part.length(k - 1) == min(length - length % 8, 1024), k
 
 
 @pytest.mark.parametrize("path", DILOCO_FILES, ids=lambda p: p.stem)
