@@ -57,7 +57,12 @@ def layer_colours(layers: int) -> list[tuple]:
 
 def seed_band(runs: list[Run], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
     """(steps every seed logged ``key`` at, the mean, the lowest and the highest seed there)."""
-    series = [dict(zip(*run.series(key))) for run in runs]
+    return band([run.series(key) for run in runs])
+
+
+def band(seeds: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(the steps every seed's (steps, values) has, the mean, the lowest and the highest seed there)."""
+    series = [dict(zip(*s)) for s in seeds]
     steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
     values = [[s[step] for s in series] for step in steps]
     return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
@@ -105,15 +110,19 @@ def _batch_panels(best: dict) -> tuple[Figure, dict]:
     return fig, dict(zip(batches, axes))
 
 
+def _over_tokens(ax, selection: Selection, series: Callable[[Run], tuple], colour, label: str) -> None:
+    """A point's ``series(run)`` (steps, values) against its training tokens, its seeds' band."""
+    steps, mean, low, high = band([series(run) for run in selection.runs])
+    _band(ax, [selection.runs[0].tokens_at(s) for s in steps], mean, low, high, colour, label)
+
+
 def plot_loss(study: Study, report_on: str) -> Figure:
     """``report_on`` over training tokens, a panel per batch, a colour per point."""
     best = study.best()
     fig, panels = _batch_panels(best)
     colour = point_colours(study)
     for (label, batch), selection in best.items():
-        steps, mean, low, high = seed_band(selection.runs, report_on)
-        tokens = [selection.runs[0].tokens_at(s) for s in steps]
-        _band(panels[batch], tokens, mean, low, high, colour[label], label)
+        _over_tokens(panels[batch], selection, lambda run: run.series(report_on), colour[label], label)
     for batch, ax in panels.items():
         lrs = ", ".join(f"{label} {s.lr:g}" for (label, b), s in best.items() if b == batch)
         ax.set(xlabel="training tokens", ylabel=report_on, title=f"batch {batch}\n" + textwrap.fill(f"lr: {lrs}", 55))
@@ -121,6 +130,40 @@ def plot_loss(study: Study, report_on: str) -> Figure:
         ax.grid(alpha=0.3)
     fig.suptitle(_fit(fig, f"{report_on} over training, each point at its lr selected on {study.select_on} "
                            f"(band: lowest to highest seed)"))
+    _figure_legend(fig, colour, "lower")
+    return fig
+
+
+def largest_layer_series(run: Run, stat: str) -> tuple[list[int], list[float]]:
+    """(steps, the largest layer's ``stat`` at each) of the steps that logged every layer's."""
+    steps, _, _, largest = band([run.series(key) for key in run.layer_keys(stat)])
+    return steps, largest
+
+
+def plot_seq_len_warmup(study: Study, report_on: str) -> Figure | None:
+    """Against the training tokens (the axis on which a sequence-length warmup's runs and the others
+    train alike), a row per batch: ``report_on``, the max attention logit (the largest layer) and the
+    largest element of the optimizer's second moment (the warmup paper's signal of a spike), a
+    colour per point at its selected lr; None without a warmup."""
+    if not any(r.config.get("seq_len_warmup_start") for r in study.runs):
+        return None
+    best = study.best()
+    batches = sorted({batch for _, batch in best})
+    fig, axes = _panels(3 * len(batches), 3, 4.6, 3.6)
+    colour = point_colours(study)
+    signals = ((lambda run: run.series(report_on), report_on, "linear"),
+               (lambda run: largest_layer_series(run, "max_logit"), "max attention logit (largest layer)", "symlog"),
+               (lambda run: run.series("second_moment/max"), "largest element of v (second moment)", "log"))
+    for row, batch in enumerate(batches):
+        for (series, ylabel, scale), ax in zip(signals, axes[3 * row:3 * row + 3]):
+            for (label, b), selection in best.items():
+                if b == batch and series(selection.runs[0])[0]:
+                    _over_tokens(ax, selection, series, colour[label], label)
+            ax.set_yscale(scale, **(SYMLOG if scale == "symlog" else {}))
+            ax.set(xlabel="training tokens", ylabel=ylabel, title=f"batch {batch}")
+            ax.grid(alpha=0.3, which="both")
+    fig.suptitle(_fit(fig, f"{report_on}, the max attention logit and Adam's second moment over the tokens trained, "
+                           f"each point at its lr selected on {study.select_on} (band: lowest to highest seed)"))
     _figure_legend(fig, colour, "lower")
     return fig
 
@@ -487,6 +530,7 @@ def draw_all(runs: list[Run], out: Path, select_on: str = "val/loss", report_on:
                "attn_entropy": lambda: plot_attention_entropy(study), "noise_scale": lambda: plot_noise_scale(study),
                "cbs_branches": lambda: plot_cbs_branches(runs, branches, ema),
                "cbs": lambda: plot_cbs(runs, branches, epsilon, ema), "ramps": lambda: plot_ramps(runs, report_on),
+               "seq_len_warmup": lambda: plot_seq_len_warmup(study, report_on),
                **({"small_batch": lambda: plot_small_batch(study, report_on)}
                   if (reaches_one_sequence(runs) if small_batch is None else small_batch) else {})}
     for name, figure in figures.items():  # one at a time: a figure is closed before the next is drawn

@@ -182,20 +182,39 @@ def replica_groups_note(study: Study) -> str | None:
     return "Replica groups' final weights (their digests, docs/scaling_out.md): " + "; ".join(said) + "."
 
 
+def every_lr(study: Study, best: dict):
+    """(label, batch, the lr's cell, its runs) for every point, batch and lr of its grid, the
+    selected lr marked."""
+    for (label, batch), by_lr in study.points().items():
+        selected = best[(label, batch)].lr if (label, batch) in best else None
+        for lr, seeds in by_lr.items():
+            yield label, str(batch), f"{lr:g}" + (" (selected)" if lr == selected else ""), seeds
+
+
+def peak_final(seeds: list[Run], value) -> str:
+    """"peak / final" of ``value(run, final)`` (final False: its peak over training), means over the
+    seeds (a diverged seed's peak included); "-" where no seed logged it."""
+    peaks, finals = summary([value(r, False) for r in seeds]), summary([value(r, True) for r in seeds])
+    return f"{peaks.mean:.3g} / {finals.mean:.3g}" if peaks.n else "-"
+
+
+def logged(key: str):
+    """``peak_final``'s value of the logged ``key``."""
+    return lambda run, final: run.final(key) if final else run.peak(key)
+
+
+def layer_max(stat: str):
+    """``peak_final``'s value of the largest layer's ``stat``."""
+    return lambda run, final: largest_layer(run, stat, final)
+
+
 def max_logit_table(study: Study, best: dict) -> str:
     """Per point, batch and every lr of its grid (the selected one marked), each layer's max
     attention logit: its peak over training / its final value, means over the seeds (a diverged
     seed's peak included: the divergence is what this table is for)."""
     layers = sorted({k for r in study.runs for k in r.layer_keys("max_logit")})
-    rows = []
-    for (label, batch), by_lr in study.points().items():
-        selected = best[(label, batch)].lr if (label, batch) in best else None
-        for lr, seeds in by_lr.items():
-            row = [label, str(batch), f"{lr:g}" + (" (selected)" if lr == selected else "")]
-            for key in layers:
-                peaks, finals = [r.peak(key) for r in seeds], [r.final(key) for r in seeds]
-                row.append(f"{summary(peaks).mean:.3g} / {summary(finals).mean:.3g}")
-            rows.append(row)
+    rows = [[label, batch, lr, *(peak_final(seeds, logged(key)) for key in layers)]
+            for label, batch, lr, seeds in every_lr(study, best)]
     return table(["point", "batch", "lr", *(k.removeprefix("max_logit/") for k in layers)], rows)
 
 
@@ -207,27 +226,43 @@ def logit_cure_table(study: Study, best: dict) -> str | None:
     cures = ("attn_logit_softcap", "final_logit_softcap", "z_loss")
     if not any(r.config.get(key) for r in study.runs for key in cures):
         return None
-
-    def cell(seeds: list[Run], value) -> str:
-        peaks, finals = summary([value(r, False) for r in seeds]), summary([value(r, True) for r in seeds])
-        return f"{peaks.mean:.3g} / {finals.mean:.3g}" if peaks.n else "-"
-
-    def output(key: str):
-        return lambda run, final: run.final(key) if final else run.peak(key)
-
     rows = []
-    for (label, batch), by_lr in study.points().items():
-        selected = best[(label, batch)].lr if (label, batch) in best else None
-        for lr, seeds in by_lr.items():
-            log_z = summary([r.final("output/log_z") for r in seeds])
-            rows.append([label, str(batch), f"{lr:g}" + (" (selected)" if lr == selected else ""),
-                         cell(seeds, lambda run, final: largest_layer(run, "max_logit", final)),
-                         cell(seeds, lambda run, final: largest_layer(run, "max_logit_capped", final)),
-                         cell(seeds, output("output/max_abs_logit")),
-                         cell(seeds, output("output/max_abs_logit_capped")),
-                         f"{log_z.mean:.3g}" if log_z.n else "-"])
+    for label, batch, lr, seeds in every_lr(study, best):
+        log_z = summary([r.final("output/log_z") for r in seeds])
+        rows.append([label, batch, lr, peak_final(seeds, layer_max("max_logit")),
+                     peak_final(seeds, layer_max("max_logit_capped")), peak_final(seeds, logged("output/max_abs_logit")),
+                     peak_final(seeds, logged("output/max_abs_logit_capped")), f"{log_z.mean:.3g}" if log_z.n else "-"])
     return table(["point", "batch", "lr", "max attention logit", "capped", "largest output logit (absolute)", "capped",
                   "final log Z"], rows)
+
+
+def second_moment_table(study: Study, best: dict) -> str | None:
+    """Where some run logged its optimizer's second moment (training/instruments.SecondMoment): per
+    point, batch and lr, its largest element and its l2 norm beside the max attention logit (the
+    largest layer), peak / final, means over seeds: the sequence-length warmup paper's signal of a
+    spike beside the logit's."""
+    if not any(r.keys("second_moment/") for r in study.runs):
+        return None
+    rows = [[label, batch, lr, peak_final(seeds, logged("second_moment/max")),
+             peak_final(seeds, logged("second_moment/l2")), peak_final(seeds, layer_max("max_logit"))]
+            for label, batch, lr, seeds in every_lr(study, best)]
+    return table(["point", "batch", "lr", "largest element of v", "l2 norm of v", "max attention logit"], rows)
+
+
+def seq_len_warmup_table(study: Study, best: dict) -> str | None:
+    """Where some run warmed its sequence length up (training/seq_len_warmup.py): per point at its
+    selected lr, the steps, the tokens trained and the tokens read (a truncated sequence's rest is
+    read, not trained), means over seeds."""
+    if not any(r.config.get("seq_len_warmup_start") for r in study.runs):
+        return None
+    rows = []
+    for (label, batch), selection in best.items():
+        trained = summary([r.final("tokens") for r in selection.runs]).mean
+        read = summary([r.final("batch/tokens_read") or r.final("tokens") for r in selection.runs]).mean
+        steps = summary([r.total_steps for r in selection.runs]).mean
+        rows.append([label, str(batch), f"{selection.lr:g}", f"{steps:,.0f}", f"{trained:,.0f}", f"{read:,.0f}",
+                     f"{1 - trained / read:.1%}"])
+    return table(["point", "batch", "lr", "steps", "tokens trained", "tokens read", "read, not trained"], rows)
 
 
 def target_table(best: dict, target: float, key: str) -> str:
@@ -615,10 +650,15 @@ def report(runs: list[Run], target: float | None, select_on: str = "val/loss", r
                  *filter(None, [unfinished_note(study), effective_batch_note(study), replica_groups_note(study)]),
                  "## Max attention logit per layer, every lr (peak / final, mean over seeds)",
                  max_logit_table(study, best)]
-    cures = logit_cure_table(study, best)
-    if cures:
-        sections += ["## Logits raw and soft-capped, and log Z, every lr (largest layer; peak / final, mean over "
-                     "seeds)", cures]
+    for title, body in (("## Logits raw and soft-capped, and log Z, every lr (largest layer; peak / final, mean over "
+                         "seeds)", logit_cure_table(study, best)),
+                        ("## The second moment and the max attention logit, every lr (v: Adam's exp_avg_sq, over "
+                         "all parameters; the logit's largest layer; peak / final, mean over seeds)",
+                         second_moment_table(study, best)),
+                        ("## Sequence-length warmup: the tokens trained and read (selected lr, mean over seeds)",
+                         seq_len_warmup_table(study, best))):
+        if body:
+            sections += [title, body]
     sections += [f"## Steps and tokens to {report_on} {target:.3f} (interpolated between evaluations, mean over "
                  f"seeds)", target_table(best, target, report_on)]
     measured = cbs.measured_runs([*runs, *branches], epsilon, ema)

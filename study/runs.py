@@ -63,8 +63,10 @@ BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 BATCH_OPTIMIZER_KEYS = (*BATCH_DECAY_KEYS, "weight_decay")
 # Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
 # batch, a column of its own.
+SEQ_LEN_WARMUP_KEYS = tuple(f"seq_len_warmup_{key}" for key in ("start", "steps", "tokens", "pacing", "root_degree",
+                                                                  "multiple", "reshape"))
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "z_loss", "attn_logit_softcap", "final_logit_softcap", "batch_size",
-            "batch_half_life_betas", *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
+            "batch_half_life_betas", *SEQ_LEN_WARMUP_KEYS, *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
 # A run recorded before a key existed trained with its default (as a resume reads an older
 # checkpoint): its point has that value, so that old and new records of one point stay one point.
 DEFAULTS = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -88,7 +90,9 @@ class Run:
     def optimizer_label(self) -> str:
         """The optimizer with its ablation, the decays it holds at their half-life in tokens and its
         logit cures if any: "merit (maxLAMB)", "adamw (beta2 by half-life)", "adamw + qk_norm", "muon +
-        qk_clip 100", "adamw + z_loss 0.0001", "adamw + softcap 50/30" (attention / output)."""
+        qk_clip 100", "adamw + z_loss 0.0001", "adamw + softcap 50/30" (attention / output), "adamw +
+        seq_len_warmup 8 over 64 steps" (its first length and duration; then its pacing, multiple and
+        reshape where not the defaults)."""
         options = self.config.get("optimizer_options") or {}
         ablations = [name for (key, value), name in ABLATIONS.items() if options.get(key) == value]
         if self.config.get("batch_half_life_betas"):  # (the batch study's rule: each batch has its decays)
@@ -99,8 +103,22 @@ class Run:
         label += f" + qk_clip {tau:g}" if tau is not None else ""
         label += f" + z_loss {self.config['z_loss']:g}" if self.config.get("z_loss") else ""
         caps = [self.config.get("attn_logit_softcap"), self.config.get("final_logit_softcap")]
-        return label + (" + softcap " + "/".join("-" if cap is None else f"{cap:g}" for cap in caps)
-                        if any(cap is not None for cap in caps) else "")
+        label += (" + softcap " + "/".join("-" if cap is None else f"{cap:g}" for cap in caps)
+                  if any(cap is not None for cap in caps) else "")
+        return label + self.seq_len_warmup_label
+
+    @property
+    def seq_len_warmup_label(self) -> str:
+        """The label's warmup: " + seq_len_warmup 8 over 64 steps", with ", root 2", ", multiple 16" and
+        ", reshaped" where they are not the defaults; "" without a warmup."""
+        warmup = {key.removeprefix("seq_len_warmup_"): self.config.get(key, DEFAULTS[key]) for key in SEQ_LEN_WARMUP_KEYS}
+        if not warmup["start"]:
+            return ""
+        duration = f"{warmup['steps']} steps" if warmup["steps"] else f"{warmup['tokens']:,} tokens"
+        return (f" + seq_len_warmup {warmup['start']} over {duration}"
+                + (f", root {warmup['root_degree']:g}" if warmup["pacing"] == "root" else "")
+                + (f", multiple {warmup['multiple']}" if warmup["multiple"] != DEFAULTS["seq_len_warmup_multiple"]
+                   else "") + (", reshaped" if warmup["reshape"] else ""))
 
     @functools.cached_property
     def point(self) -> tuple[tuple[str, object], ...]:

@@ -17,6 +17,7 @@ from helpers import ROOT, make_text
 # Each study's model and evaluations at a size that trains in seconds (--set overrides of every preset).
 TINY_STUDY = ["block_size=16", "n_layer=1", "n_embd=16", "n_head=2", "val_tokens=256", "heldout_tokens=256",
               "probe_batch_size=2"]
+from study.mini_study import lr_grid
 from study.report import first_table, report
 from study.runs import find_runs
 
@@ -121,6 +122,39 @@ def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_
             changed = {key: value for key, value in config.items() if value != adamw[key] and key != "out_dir"}
             assert changed == cures[name], name
     assert {configs[key]["optimizer"] for key in configs if key[0] == "merit"} == {"merit"}
+
+
+def test_the_seq_len_warmup_preset_plans_each_arm_at_one_lr_with_every_seed(tmp_path):
+    """--preset seq_len_warmup, planned only (--dry-run): at batch 64 on llama_nano's shape, AdamW,
+    AdamW with the warmup and with QK-Clip at 3x AdamW's centre (0.009), MERIT with and without the
+    warmup at 3x its (3e-2 x sqrt(64 / 128) x 3 = 0.0636), each at that lr alone with seeds 0-2 at
+    once; each arm its optimizer's plain point but for its cure's keys; every run the same tokens
+    trained."""
+    out = tmp_path / "slw"
+    configs = planned("seq_len_warmup", out, tmp_path)
+    lrs = {"adamw": 0.009, "adamw_slw": 0.009, "adamw_qkclip": 0.009, "merit": 0.0636, "merit_slw": 0.0636}
+    assert set(configs) == {(name, "b64", f"lr{lr:g}_s{seed}") for name, lr in lrs.items() for seed in (0, 1, 2)}
+    cures = {"adamw_slw": ("adamw", {"seq_len_warmup_start": 8, "seq_len_warmup_steps": 64}),
+             "merit_slw": ("merit", {"seq_len_warmup_start": 8, "seq_len_warmup_steps": 64}),
+             "adamw_qkclip": ("adamw", {"qk_clip_tau": 15.0})}
+    for (name, batch, run), config in configs.items():
+        assert (config["batch_size"], config["max_tokens"], config["lr"]) == (64, 1_048_576, lrs[name])
+        assert config["seed"] == config["data_seed"] == int(run[-1])
+        model = load_config(str(out / name / batch / run / "point.py")).model_config(257)
+        assert (model.arch, model.n_layer, model.n_head, model.n_embd, model.block_size) == ("llama", 4, 4, 128, 64)
+        if name in cures:
+            plain, keys = cures[name]
+            reference = configs[(plain, batch, run)]
+            assert {k: v for k, v in config.items() if v != reference[k] and k != "out_dir"} == keys, name
+
+
+def test_an_lr_grid_of_one_point_is_its_centre_and_of_an_even_number_is_refused():
+    """lr_grid's points a factor apart around the centre scaled to the batch, worked by hand."""
+    assert lr_grid(3e-2, 0.5, 512, 3.0) == [0.02, 0.06, 0.18]  # 3e-2 x sqrt(512 / 128) = 0.06
+    assert lr_grid(3e-2, 0.5, 512, 2.0, points=5) == [0.015, 0.03, 0.06, 0.12, 0.24]
+    assert lr_grid(9e-2, 0.5, 64, points=1) == [0.0636]  # 9e-2 x sqrt(1/2) = 0.06364
+    with pytest.raises(ValueError, match="points=2: an odd number"):
+        lr_grid(3e-3, 0.0, 64, points=2)
 
 
 def test_the_small_batch_preset_plans_the_authors_settings(tmp_path):

@@ -421,6 +421,81 @@ def test_the_cure_table_and_labels_hold_hand_written_capped_logits_and_log_z(tmp
     assert "| adamw | 4 | 0.001 (selected) | 200 / 200 | - | 20 / 20 | - | 7.4 |" in table
 
 
+# A sequence-length warmup's study (scripts/mini_study.py --preset seq_len_warmup): AdamW and MERIT, each
+# plain and with the warmup, two seeds. A warmup's steps train fewer tokens than they read: its runs
+# log the tokens trained and read at each step (WARMUP_TOKENS, tokens read: the plain runs' tokens).
+WARMUP_TOKENS = (0, 200, 500, 800, 1120)  # trained by STEPS' ends; a plain run's: step x 4 x BLOCK
+
+
+@pytest.fixture
+def warmups(tmp_path):
+    for optimizer, lr in (("adamw", 3e-3), ("merit", 1e-2)):
+        for warm in (False, True):
+            for seed in (0, 1):
+                folder = tmp_path / "warmup" / f"{optimizer}{'_slw' * warm}_s{seed}"
+                write_run(folder, optimizer, 4, lr, seed, 2.0 - 0.1 * warm + 0.01 * seed)
+                config = json.loads((folder / "config.json").read_text())
+                if warm:
+                    config.update({"seq_len_warmup_start": 8, "seq_len_warmup_steps": 20})
+                (folder / "config.json").write_text(json.dumps(config))
+                records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+                for i, record in enumerate(records[1:]):
+                    step = record["step"]
+                    if warm:
+                        record.update({"tokens": WARMUP_TOKENS[i], "batch/tokens_read": step * 4 * BLOCK})
+                    if step and optimizer == "adamw":  # (v's largest element: 1e-3 x step, x 2 for seed 1)
+                        record.update({"second_moment/max": 1e-3 * step * (1 + seed),
+                                       "second_moment/l2": 0.1 * step / (1 + warm)})
+                (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    return tmp_path / "warmup"
+
+
+def test_a_warmup_s_label_table_and_second_moment_hold_the_hand_written_values(warmups):
+    """A warmup's points are labelled by its start and duration (with its pacing, multiple and reshape
+    where not the defaults), compared with their optimizer's plain point, and their tokens trained and
+    read, and every run's second moment beside its max logit, tabled as logged."""
+    text = report(find_runs([warmups]), None, "val/loss", None)
+    # The final losses: 1.90 and 1.91 with the warmup, 2.00 and 2.01 without, paired by seed: -0.1 each.
+    assert "| adamw + seq_len_warmup 8 over 20 steps | 4 | -0.100 [-0.100, -0.100] |" in first_table(
+        text, "## Against adamw")
+    assert "| merit + seq_len_warmup 8 over 20 steps | 4 | -0.100 [-0.100, -0.100] |" in first_table(
+        text, "## Against merit")
+    warmup = first_table(text, "## Sequence-length warmup")
+    # 40 steps; 1,120 tokens trained of 40 x 4 x 8 = 1,280 read: 160 (12.5%) read, not trained.
+    assert "| adamw + seq_len_warmup 8 over 20 steps | 4 | 0.003 | 40 | 1,120 | 1,280 | 12.5% |" in warmup
+    assert "| adamw | 4 | 0.003 | 40 | 1,280 | 1,280 | 0.0% |" in warmup
+    moments = first_table(text, "## The second moment and the max attention logit")
+    # v's largest element at step 40: 0.04 and 0.08 (mean 0.06); l2 0.1 x 40 = 4, halved with the
+    # warmup; the logit's largest layer is layer 1's 5 x step (200); MERIT logged no second moment.
+    assert "| adamw | 4 | 0.003 (selected) | 0.06 / 0.06 | 4 / 4 | 200 / 200 |" in moments
+    assert "| adamw + seq_len_warmup 8 over 20 steps | 4 | 0.003 (selected) | 0.06 / 0.06 | 2 / 2 | 200 / 200 |" \
+        in moments
+    assert "| merit | 4 | 0.01 (selected) | - | - | 200 / 200 |" in moments
+    run = next(r for r in find_runs([warmups]) if r.name == "adamw_slw_s0")
+    run.config.update({"seq_len_warmup_pacing": "root", "seq_len_warmup_root_degree": 3.0,
+                       "seq_len_warmup_multiple": 16, "seq_len_warmup_reshape": True, "seq_len_warmup_steps": 0,
+                       "seq_len_warmup_tokens": 65536})
+    assert run.optimizer_label == "adamw + seq_len_warmup 8 over 65,536 tokens, root 3, multiple 16, reshaped"
+
+
+def test_the_warmup_figure_draws_each_signal_against_the_tokens_trained(warmups, study):
+    """seq_len_warmup.png: the loss, the largest layer's max logit and v's largest element against
+    the tokens trained (a warmup's own), the seeds' mean; not drawn for runs without a warmup."""
+    fig = plot.plot_seq_len_warmup(Study(find_runs([warmups]), "val/loss"), "val/loss")
+    loss, logit, moment = fig.axes[:3]
+    line = {ax: {l.get_label(): l for l in ax.get_lines()} for ax in (loss, logit, moment)}
+    warm = line[loss]["adamw + seq_len_warmup 8 over 20 steps"]
+    assert list(warm.get_xdata()) == list(WARMUP_TOKENS)
+    assert list(warm.get_ydata()) == pytest.approx([statistics.fmean(4.0 - (4.0 - f) * i / 4 for f in (1.9, 1.91))
+                                                    for i in range(5)])
+    assert list(line[logit]["merit"].get_ydata()) == [max(3.0 * 1.5 if s != 20 else 15.0, 5.0 * s) for s in STEPS[1:]]
+    assert list(line[moment]["adamw"].get_xdata()) == [s * 4 * BLOCK for s in STEPS[1:]]
+    assert list(line[moment]["adamw"].get_ydata()) == pytest.approx([1.5e-3 * s for s in STEPS[1:]])
+    assert "merit" not in line[moment] and moment.get_yscale() == "log" and logit.get_yscale() == "symlog"
+    plt.close(fig)
+    assert plot.plot_seq_len_warmup(Study(find_runs([study]), "val/loss"), "val/loss") is None
+
+
 # The small-batch section (a report of runs that reach batch 1, scripts/mini_study.py --preset small_batch):
 # (label, optimizer, batch, lr, seed) -> the final validation loss (the held-out loss is the same
 # plus HELDOUT_PER_LR x lr). AdamW with fixed betas at batches 8 and 32, AdamW with beta2 by
