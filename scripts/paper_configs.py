@@ -25,7 +25,9 @@ as Marek et al. 2025 ran it ("Small Batch Size Training for Language Models"), G
 authors' tuned settings: SGD, Adafactor and AdamW at batch 1 and AdamW at batch 512
 (``gpt2_small_{sgd,adafactor,adamw}_marek_b1.py``, ``gpt2_small_adamw_marek_b512.py``); and local steps
 beside the large batch, DiLoCo (Douillard et al. 2023) with 8 replica groups for GPT-2 Small and Medium,
-AdamW and MERIT inside, meeting every 100 and 500 steps (``gpt2_small_merit_diloco_h500_b1k.py``). Each file
+AdamW and MERIT inside, meeting every 100 and 500 steps (``gpt2_small_merit_diloco_h500_b1k.py``); and the
+data side's cure, sequence-length warmup, as Li, Zhang and He 2022 ran GPT-2 117M, at their baseline and at 8x
+its batch and 4x its lr, with AdamW and MERIT (``gpt2_small_adamw_li_slw_b4k.py``). Each file
 inherits its model's base config (configs/gpt2_*_owt.py, configs/llama_*_c4.py) and sets only what
 differs, so a user opens, edits or copies one point.
 

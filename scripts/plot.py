@@ -33,7 +33,10 @@ scripts/report.py's tables. Logit axes are symmetric-log (linear within [-1, 1])
 * ``small_batch.png`` (where the runs reach a batch of one sequence, or ``--small-batch``: the
   report's small-batch section, scripts/mini_study.py --preset small_batch): the final --report-on metric
   against the batch, a panel per optimizer, a line per point with its seeds' range as error bars,
-  AdamW's points grey in the other panels.
+  AdamW's points grey in the other panels;
+* ``seq_len_warmup.png`` (where some run warmed its sequence length up, scripts/mini_study.py --preset
+  seq_len_warmup): against the tokens trained, a row per batch, the --report-on metric, the max attention
+  logit (the largest layer) and the largest element of the optimizer's second moment, a line per point.
 All but the two loss figures are drawn where the runs logged their keys (train.py does at every
 log step). A point has one colour in every figure, a layer one in every per-layer figure.
 """

@@ -18,6 +18,9 @@ from flattering them). Cells are mean ± std [±95% t-interval half-width] over 
 * the whole lr grid: the final loss of every lr, the seeds that finished, the peak and final max
   attention logit (the largest layer), diverged lrs included;
 * the max attention logit per layer at every lr (the selected one marked): its peak and final values;
+* where runs soft-capped a logit or added z-loss: the raw and capped logits and the final log Z; where
+  they logged their optimizer's second moment: its largest element and l2 norm beside the max logit;
+  where a run warmed its sequence length up: the steps, tokens trained and tokens read of each point;
 * steps and tokens to reach ``--target`` (default: the highest of the points' best final losses,
   so that every point has a value), interpolated between evaluations;
 * zero-shot scores (the final ``zero_shot/<task>/<metric>`` values, and their mean accuracy), when logged;

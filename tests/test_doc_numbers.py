@@ -23,10 +23,11 @@ pytestmark = pytest.mark.docs
 DEMO, DIVERGE, CBS = "docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/cbs_study/runs.tar.xz"
 MINI, BENCHMARK = "docs/mini_study/runs.tar.xz", "docs/mini_study/benchmark.tar.xz"
 CURES, SMALL = "docs/mini_study/llama_cures.tar.xz", "docs/mini_study/small_batch.tar.xz"
-HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL}  # their lrs chosen on val/loss, their tables read on heldout/loss
+WARMUP = "docs/mini_study/seq_len_warmup.tar.xz"
+HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL, WARMUP}  # their lrs chosen on val/loss, their tables read on heldout/loss
 # Each study's page and the archives its tables come from.
 STUDY_PAGES = {"default_job.md": {DEMO, DIVERGE}, "batch_axis.md": {MINI, SMALL}, "benchmark.md": {BENCHMARK},
-               "critical_batch.md": {CBS}, "cures.md": {CURES}, "local_steps.md": set()}
+               "critical_batch.md": {CBS}, "cures.md": {CURES, WARMUP}, "local_steps.md": set()}
 # The local-steps study's own report (scripts/replica_study.py), its tables a section an optimizer.
 REPLICA_REPORT = ROOT / "docs" / "replica_study" / "report.md"
 BATCHES = ("8", "32", "128", "512")
@@ -507,7 +508,7 @@ def test_the_cures_findings():
     triple = {}
     for point, lr in selected.items():
         [triple[point]] = [other for p, other in grid if p == point and abs(float(other) / float(lr) - 3) < 0.06]
-    llama, cures, keep, merit, ranking = findings("cures.md")
+    llama, cures, keep, merit, ranking, _ = findings("cures.md")  # (the warmup's: its own test)
 
     small = parse_table(first_table(page, "`configs/llama_cpu.py`"))
     best = min(small, key=lambda r: float(r["final val/loss"]))
@@ -554,6 +555,38 @@ def test_the_cures_findings():
           against["adamw + z_loss 0.0001"], against["merit"], f"{std:.3f}")
     holds(index_line("The logit cures"), f"{max(float(lost('adamw + qk_norm')), float(lost(clip))):.3f}",
           *extremes(others))
+
+
+def test_the_seq_len_warmup_findings():
+    """The warmup's section of docs/results/cures.md opens with what it found, each number a cell of
+    its archive's report; so do the page's opening bullet and the index's sentence on it."""
+    against = {r["point"]: r["Δ vs adamw, same batch, paired by seed [95%]"] for r in rows(WARMUP, "## Against adamw")}
+    against_merit = {r["point"]: r["Δ vs merit, same batch, paired by seed [95%]"]
+                     for r in rows(WARMUP, "## Against merit")}
+    moments = {r["point"]: r for r in rows(WARMUP, "## The second moment and the max attention logit")}
+    counts = {r["point"]: r for r in rows(WARMUP, "## Sequence-length warmup: the tokens trained and read")}
+    adamw, slw, clip = "adamw", "adamw + seq_len_warmup 8 over 64 steps", "adamw + qk_clip 15"
+    merit, merit_slw = "merit", "merit + seq_len_warmup 8 over 64 steps"
+
+    def peak(point, column="max attention logit"):
+        return moments[point][column].split(" / ")[0]
+    loss, logit, read = findings("cures.md", "Sequence-length warmup beside QK-Clip and MERIT")
+    holds(loss, against[slw], against_merit[merit_slw], against[clip])
+    # "moves no loss beyond its seeds' spread": every interval of the warmup's includes 0.
+    for cell in (against[slw], against_merit[merit_slw]):
+        low, high = interval(cell)
+        assert low <= 0 <= high, cell
+    element = "largest element of v"
+    holds(logit, peak(slw), peak(adamw), peak(merit_slw), peak(merit), peak(clip), peak(slw, element),
+          peak(adamw, element), peak(merit_slw, element), peak(merit, element))
+    assert float(peak(slw)) > float(peak(adamw)) and float(peak(merit_slw)) > float(peak(merit))
+    assert float(peak(slw, element)) >= float(peak(adamw, element))
+    warm, plain = counts[slw], counts[adamw]
+    holds(read, warm["read, not trained"], warm["tokens read"], warm["tokens trained"], warm["steps"], plain["steps"])
+    assert plain["read, not trained"] == "0.0%" and plain["tokens trained"] == plain["tokens read"]
+    opening = findings("cures.md")[-1]
+    holds(opening, against[slw], peak(slw), peak(adamw), against_merit[merit_slw])
+    holds(index_line("The logit cures"), against[slw], peak(slw), peak(adamw))
 
 
 def test_the_local_steps_findings():
