@@ -293,7 +293,8 @@ def main(argv=None) -> None:
                                              f"batch only), {', '.join(BENCHMARK)}, {', '.join(CURES)}, "
                                              f"{', '.join(SMALL_BATCH)} or {', '.join(SEQ_LEN_WARMUP)}")
     parser.add_argument("--batches", help="global batches (sequences; default: the preset's, "
-                                          f"{','.join(map(str, BATCHES))}, llama_cures' and seq_len_warmup's 64 or small_batch's "
+                                          f"{','.join(map(str, BATCHES))}, llama_cures' and seq_len_warmup's 64 or "
+                                          f"small_batch's "
                                           f"{','.join(map(str, SMALL_BATCHES))}; an optimizer the preset runs at "
                                           f"some batches only runs at those of them)")
     parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "

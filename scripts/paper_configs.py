@@ -455,8 +455,8 @@ def render_li(stem: str, point: dict) -> str:
                  "the scripts' baseline" if batch == 512 else "4x the baseline's at 8x its batch, the scripts'")
     lines = ["# Li, Zhang and He 2022, sequence-length warmup: "
              f"{what}, batch {batch} x {BLOCK} tokens,",
-             "# the first author's recipe (microsoft/DeepSpeedExamples, Megatron-LM-v1.1.5-ZeRO3/curriculum_learning/); "
-             "OpenWebText here.",
+             "# the first author's recipe (microsoft/DeepSpeedExamples, "
+             "Megatron-LM-v1.1.5-ZeRO3/curriculum_learning/); OpenWebText here.",
              "# Written by python -m scripts.paper_configs (its docstring says why each value); edit freely.",
              f"from configs.{point['base']} import *  # noqa: F401,F403 - the model, data and run defaults",
              "",

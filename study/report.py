@@ -230,7 +230,8 @@ def logit_cure_table(study: Study, best: dict) -> str | None:
     for label, batch, lr, seeds in every_lr(study, best):
         log_z = summary([r.final("output/log_z") for r in seeds])
         rows.append([label, batch, lr, peak_final(seeds, layer_max("max_logit")),
-                     peak_final(seeds, layer_max("max_logit_capped")), peak_final(seeds, logged("output/max_abs_logit")),
+                     peak_final(seeds, layer_max("max_logit_capped")),
+                     peak_final(seeds, logged("output/max_abs_logit")),
                      peak_final(seeds, logged("output/max_abs_logit_capped")), f"{log_z.mean:.3g}" if log_z.n else "-"])
     return table(["point", "batch", "lr", "max attention logit", "capped", "largest output logit (absolute)", "capped",
                   "final log Z"], rows)

@@ -61,10 +61,11 @@ OPTIMIZER_FIXED_KEYS = ("lr_schedule",)
 # where each of that optimizer's batches has one value, they go with the batch too.
 BATCH_DECAY_KEYS = ("beta1", "beta2", "optimizer_options.momentum")
 BATCH_OPTIMIZER_KEYS = (*BATCH_DECAY_KEYS, "weight_decay")
-# Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip), and the
-# batch, a column of its own.
+# A sequence-length warmup's keys (training/seq_len_warmup.py), which its label says.
 SEQ_LEN_WARMUP_KEYS = tuple(f"seq_len_warmup_{key}" for key in ("start", "steps", "tokens", "pacing", "root_degree",
                                                                   "multiple", "reshape"))
+# Keys a label already says through the optimizer's name (its ablations, QK-Norm, QK-Clip, the
+# warmup), and the batch, a column of its own.
 LABELLED = ("optimizer", "qk_norm", "qk_clip_tau", "z_loss", "attn_logit_softcap", "final_logit_softcap", "batch_size",
             "batch_half_life_betas", *SEQ_LEN_WARMUP_KEYS, *(f"optimizer_options.{key}" for key, _ in ABLATIONS))
 # A run recorded before a key existed trained with its default (as a resume reads an older
@@ -111,7 +112,8 @@ class Run:
     def seq_len_warmup_label(self) -> str:
         """The label's warmup: " + seq_len_warmup 8 over 64 steps", with ", root 2", ", multiple 16" and
         ", reshaped" where they are not the defaults; "" without a warmup."""
-        warmup = {key.removeprefix("seq_len_warmup_"): self.config.get(key, DEFAULTS[key]) for key in SEQ_LEN_WARMUP_KEYS}
+        warmup = {key.removeprefix("seq_len_warmup_"): self.config.get(key, DEFAULTS[key])
+                  for key in SEQ_LEN_WARMUP_KEYS}
         if not warmup["start"]:
             return ""
         duration = f"{warmup['steps']} steps" if warmup["steps"] else f"{warmup['tokens']:,} tokens"
