@@ -9,6 +9,8 @@ fixed token budget, below and above the model's critical batch.
     python -m scripts.mini_study --preset llama_cures --dry-run   # write and print its plan, train nothing
     python -m scripts.mini_study --preset small_batch --archive docs/mini_study/small_batch.tar.xz
     python -m scripts.mini_study --preset seq_len_warmup --archive docs/mini_study/seq_len_warmup.tar.xz
+    python -m scripts.mini_study --preset seq_len_warmup --optimizers adamw,adamw_slw,adamw_qkclip --lr-multiple 3 \
+        --out runs/mini_study_seq_len_warmup_9x --archive docs/mini_study/seq_len_warmup_9x.tar.xz   # AdamW's at 9x
 
 A small GPT on Shakespeare (byte tokens) trained on the same TOKENS tokens at each of BATCHES
 global batches, by AdamW, LAMB, MERIT and Muon, and, at the largest batch, by MuonClip and AdamW
@@ -299,6 +301,9 @@ def main(argv=None) -> None:
                                           f"some batches only runs at those of them)")
     parser.add_argument("--seeds", type=int, help="seeds at each point's best lr (default: the preset's, 3 or "
                                                   "llama_cures' 1)")
+    parser.add_argument("--lr-multiple", type=float, default=1.0,
+                        help="every grid centre times this (default 1): with the seq_len_warmup preset's one lr a "
+                             "point, 3 runs it at 9x the best lrs instead of 3x")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"the token budget of every run ({TOKENS:,})")
     parser.add_argument("--extend", type=int, help="times a grid may grow past an edge (default: the preset's, 2 or "
                                                    "small_batch's 3)")
@@ -338,8 +343,8 @@ def main(argv=None) -> None:
 
     first_seeds = [0] if preset.lr_points > 1 else list(range(n_seeds))
     print(f"mini-study stage 1: the lr, seeds {first_seeds}, {len(studied)} points x {preset.lr_points} lrs")
-    first = [p for s in studied for p in s.add(lr_grid(*known[s.name][1:], s.batch, preset.lr_factor, preset.lr_points),
-                                               first_seeds)]
+    first = [p for s in studied for p in s.add(lr_grid(known[s.name][1] * args.lr_multiple, known[s.name][2], s.batch,
+                                                       preset.lr_factor, preset.lr_points), first_seeds)]
     if args.dry_run:
         print(sweep.table(first))
         print(f"mini-study: a dry run: {base} and {len(first)} point files written under {out}, nothing trained")
