@@ -90,12 +90,12 @@ def test_the_benchmark_preset_places_its_optimizers_beside_the_paper_preset_s_re
     assert "| adamw_schedulefree, " in text and "| merit, " in text and "| muon, " in text
 
 
-def planned(preset: str, out, data_dir) -> dict[tuple[str, ...], dict]:
-    """``--preset PRESET --dry-run`` into ``out``: {(arm, batch, point): its config} of the points it
-    wrote, having trained nothing."""
+def planned(preset: str, out, data_dir, *options: str) -> dict[tuple[str, ...], dict]:
+    """``--preset PRESET --dry-run`` (and ``options``) into ``out``: {(arm, batch, point): its config}
+    of the points it wrote, having trained nothing."""
     result = subprocess.run([sys.executable, "-m", "scripts.mini_study", f"--preset={preset}", "--dry-run",
-                             f"--out={out}", f"--data-dir={data_dir}"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+                             f"--out={out}", f"--data-dir={data_dir}", *options], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "nothing trained" in result.stdout and not list(out.rglob("metrics.jsonl"))
     return {path.relative_to(out).parts[:3]: load_config(str(path)).to_dict() for path in out.rglob("point.py")}
@@ -124,15 +124,18 @@ def test_the_llama_cures_preset_plans_each_cure_as_adamw_with_one_change_on_the_
     assert {configs[key]["optimizer"] for key in configs if key[0] == "merit"} == {"merit"}
 
 
-def test_the_seq_len_warmup_preset_plans_each_arm_at_one_lr_with_every_seed(tmp_path):
+@pytest.mark.parametrize("multiple", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_the_seq_len_warmup_preset_plans_each_arm_at_one_lr_with_every_seed(tmp_path, multiple):
     """--preset seq_len_warmup, planned only (--dry-run): at batch 64 on llama_nano's shape, AdamW,
     AdamW with the warmup and with QK-Clip at 3x AdamW's centre (0.009), MERIT with and without the
     warmup at 3x its (3e-2 x sqrt(64 / 128) x 3 = 0.0636), each at that lr alone with seeds 0-2 at
     once; each arm its optimizer's plain point but for its cure's keys; every run the same tokens
-    trained."""
+    trained. --lr-multiple 3: each lr 3x that (9x the best: 0.027, and 0.191 for MERIT)."""
     out = tmp_path / "slw"
-    configs = planned("seq_len_warmup", out, tmp_path)
-    lrs = {"adamw": 0.009, "adamw_slw": 0.009, "adamw_qkclip": 0.009, "merit": 0.0636, "merit_slw": 0.0636}
+    configs = planned("seq_len_warmup", out, tmp_path, f"--lr-multiple={multiple}")
+    adamw_lr, merit_lr = {1: (0.009, 0.0636), 3: (0.027, 0.191)}[multiple]
+    lrs = {"adamw": adamw_lr, "adamw_slw": adamw_lr, "adamw_qkclip": adamw_lr, "merit": merit_lr,
+           "merit_slw": merit_lr}
     assert set(configs) == {(name, "b64", f"lr{lr:g}_s{seed}") for name, lr in lrs.items() for seed in (0, 1, 2)}
     cures = {"adamw_slw": ("adamw", {"seq_len_warmup_start": 8, "seq_len_warmup_steps": 64}),
              "merit_slw": ("merit", {"seq_len_warmup_start": 8, "seq_len_warmup_steps": 64}),
