@@ -23,11 +23,11 @@ pytestmark = pytest.mark.docs
 DEMO, DIVERGE, CBS = "docs/demo/runs.tar.xz", "docs/demo/diverge.tar.xz", "docs/cbs_study/runs.tar.xz"
 MINI, BENCHMARK = "docs/mini_study/runs.tar.xz", "docs/mini_study/benchmark.tar.xz"
 CURES, SMALL = "docs/mini_study/llama_cures.tar.xz", "docs/mini_study/small_batch.tar.xz"
-WARMUP = "docs/mini_study/seq_len_warmup.tar.xz"
-HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL, WARMUP}  # their lrs chosen on val/loss, their tables read on heldout/loss
+WARMUP, WARMUP_9X = "docs/mini_study/seq_len_warmup.tar.xz", "docs/mini_study/seq_len_warmup_9x.tar.xz"
+HELDOUT = {MINI, BENCHMARK, CURES, CBS, SMALL, WARMUP, WARMUP_9X}  # their lrs chosen on val/loss, their tables read on heldout/loss
 # Each study's page and the archives its tables come from.
 STUDY_PAGES = {"default_job.md": {DEMO, DIVERGE}, "batch_axis.md": {MINI, SMALL}, "benchmark.md": {BENCHMARK},
-               "critical_batch.md": {CBS}, "cures.md": {CURES, WARMUP}, "local_steps.md": set()}
+               "critical_batch.md": {CBS}, "cures.md": {CURES, WARMUP, WARMUP_9X}, "local_steps.md": set()}
 # The local-steps study's own report (scripts/replica_study.py), its tables a section an optimizer.
 REPLICA_REPORT = ROOT / "docs" / "replica_study" / "report.md"
 BATCHES = ("8", "32", "128", "512")
@@ -570,7 +570,7 @@ def test_the_seq_len_warmup_findings():
 
     def peak(point, column="max attention logit"):
         return moments[point][column].split(" / ")[0]
-    loss, logit, read = findings("cures.md", "Sequence-length warmup beside QK-Clip and MERIT")
+    loss, logit, read, nine = findings("cures.md", "Sequence-length warmup beside QK-Clip and MERIT")
     holds(loss, against[slw], against_merit[merit_slw], against[clip])
     # "moves no loss beyond its seeds' spread": every interval of the warmup's includes 0.
     for cell in (against[slw], against_merit[merit_slw]):
@@ -584,6 +584,17 @@ def test_the_seq_len_warmup_findings():
     warm, plain = counts[slw], counts[adamw]
     holds(read, warm["read, not trained"], warm["tokens read"], warm["tokens trained"], warm["steps"], plain["steps"])
     assert plain["read, not trained"] == "0.0%" and plain["tokens trained"] == plain["tokens read"]
+    # At 9x the best lr (its own archive): QK-Clip's interval clear of 0, the warmup's not; v and the logit.
+    against_9x = {r["point"]: r["Δ vs adamw, same batch, paired by seed [95%]"]
+                  for r in rows(WARMUP_9X, "## Against adamw")}
+    moments_9x = {r["point"]: r for r in rows(WARMUP_9X, "## The second moment and the max attention logit")}
+
+    def peak_9x(point, column="max attention logit"):
+        return moments_9x[point][column].split(" / ")[0]
+    assert interval(against_9x[clip])[1] < 0 <= interval(against_9x[slw])[1]
+    assert float(peak_9x(slw, element)) < float(peak_9x(adamw, element))
+    holds(nine, against_9x[clip], against_9x[slw], peak_9x(slw, element), peak_9x(adamw, element), peak_9x(slw),
+          peak_9x(adamw))
     opening = findings("cures.md")[-1]
     holds(opening, against[slw], peak(slw), peak(adamw), against_merit[merit_slw])
     holds(index_line("The logit cures"), against[slw], peak(slw), peak(adamw))
