@@ -259,12 +259,12 @@ class Trainer:
         if metrics and self.ctx.is_main:
             self.parts.call("record", {"step": self.step, "tokens": self.state.tokens, **metrics})
 
-    def save_checkpoint(self):
-        # The checkpoint's model is the evaluated one (Schedule-Free: x), what export, eval and the Hessian tool
-        # read; a resumed run's first step moves it back, as this run's next does, to the same floats.
+    def save_checkpoint(self):  # the evaluated model (Schedule-Free: x), which export, eval and the Hessian read;
+        # a resumed run's first step moves it back, as this run's next does, to the same floats.
         self.evaluated_model()
         self.check_finite()
-        self.checkpoints.save(self.state)
+        with self.signals.deferred():  # (a second Ctrl-C stops once the checkpoint is whole)
+            self.checkpoints.save(self.state)
 
     def close(self):
         """Close the parts and the training loader, give the run folder and the signals up, leave the group."""

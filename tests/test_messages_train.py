@@ -7,11 +7,13 @@ import sys
 import time
 
 import pytest
+import torch
 
 import optim
 from configs import ConfigError, command_line_config, key_reference
 from helpers import ROOT, TINY_RUN
 from training.run_config import resolve_config
+from training.signals import StopSignals
 
 TAKES = {  # the top-level keys each optimizer without betas or eps takes, and its own options
     "sgd": "sgd takes lr and weight_decay, and in optimizer_options momentum",
@@ -76,6 +78,25 @@ def test_help_lists_every_registered_optimizer_under_optimizer():
     meaning = " ".join(lines[start + 1:end])
     for name in optim.available():
         assert f'"{name}"' in meaning, (name, meaning)
+
+
+def test_a_second_ctrl_c_during_a_checkpoint_s_write_stops_once_the_file_is_whole(tmp_path, capsys):
+    """Both Ctrl-Cs land in the write (train.py's save_checkpoint runs it deferred): nothing is raised
+    inside it, the file is written whole, and then the run stops as at once: status 130, one line.
+    (Raised inside torch.save, the stop left its writer mid-record: torch's error, a traceback, 1.)"""
+    signals = StopSignals(is_main=True)
+    try:
+        with pytest.raises(SystemExit) as stopped, signals.deferred():
+            signal.raise_signal(signal.SIGINT)  # the first: save at the next log step
+            signal.raise_signal(signal.SIGINT)  # the second: at once, but for the write
+            torch.save({"w": torch.arange(1000)}, tmp_path / "ckpt.pt")
+    finally:
+        signals.restore()
+    assert stopped.value.code == 130
+    assert torch.equal(torch.load(tmp_path / "ckpt.pt", weights_only=True)["w"], torch.arange(1000))
+    out, err = capsys.readouterr()
+    assert "Ctrl-C again: stopping once the checkpoint being written is whole" in out
+    assert err.startswith("train.py: stopped at once by a second Ctrl-C after step 0, unsaved; no checkpoint")
 
 
 @pytest.mark.slow  # a real process, signalled twice

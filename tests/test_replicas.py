@@ -114,7 +114,9 @@ def kill_group_1_after_its_checkpoint(step: int, args: list, tmp_path: Path, hol
     survivor = start(0, args, tmp_path / "group0.log", **({"HOLD_FILE": str(hold)} if hold else {}))
     failed = start(1, args, tmp_path / "group1.log")
     both = [(survivor, tmp_path / "group0.log"), (failed, tmp_path / "group1.log")]
-    wait_for(lambda: (failed_dir / f"ckpt_{step:08d}.pt").exists(), f"group 1's step-{step} checkpoint", both)
+    # (written: ckpt.pt names it, the run's last act of a save; the numbered file alone comes a moment before)
+    wait_for(lambda: (failed_dir / "ckpt.pt").resolve().name == f"ckpt_{step:08d}.pt",
+             f"group 1's step-{step} checkpoint", both)
     if hold:
         hold.touch()
     failed.send_signal(signal.SIGKILL)

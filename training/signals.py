@@ -1,14 +1,15 @@
 """How a run is asked to stop: SIGTERM (a scheduler's preemption notice) and Ctrl-C save at the
 next log step, where the ranks agree on it, and exit; a second Ctrl-C stops at once, unsaved, in one
-line that names the last checkpoint and the resume command (no traceback), with exit status 130. The
-handlers a program had are restored when the run closes, so a run inside another program leaves them
-as they were."""
+line that names the last checkpoint and the resume command (no traceback), with exit status 130; during
+a checkpoint's write (``deferred``) it stops once the file is whole. The handlers a program had are
+restored when the run closes, so a run inside another program leaves them as they were."""
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -25,6 +26,7 @@ class StopSignals:
         taken; what a second Ctrl-C's line says."""
         self.is_main, self.checkpoints, self.step = is_main, checkpoints, step
         self.received: str | None = None  # the name of a signal that asked the run to save and stop
+        self.deferring = self.stop_deferred = False  # (a checkpoint being written; a second Ctrl-C during it)
         self.saved = {sig: signal.signal(sig, handler) for sig, handler in
                       ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint))}
 
@@ -34,6 +36,11 @@ class StopSignals:
             tqdm.write("SIGTERM: saving at the next log step, then exiting")
 
     def _on_sigint(self, signum, frame):
+        if self.received is not None and self.deferring:
+            self.stop_deferred = True
+            if self.is_main:
+                tqdm.write("Ctrl-C again: stopping once the checkpoint being written is whole")
+            return
         if self.received is not None:
             self.stop_at_once()
         self.received = "Ctrl-C"
@@ -46,6 +53,18 @@ class StopSignals:
         if self.is_main:
             tqdm.write(self.at_once_line(), file=sys.stderr)
         raise SystemExit(AT_ONCE_STATUS)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A checkpoint's write: a second Ctrl-C during it stops at its end. (Raised inside torch.save,
+        the stop left its zip writer mid-record, whose own error then replaced it: a traceback, status 1.)"""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.stop_deferred:
+            self.stop_at_once()
 
     def at_once_line(self) -> str:
         """What a second Ctrl-C says: the step reached, the last checkpoint and how to resume from it."""
